@@ -1,0 +1,50 @@
+"""The one attention entry point: every backend computes the same function.
+
+q [B, Hq, T, D] are the block's queries; k, v [B, Hkv, S, D] hold the committed prefix in slots
+[0, start) and the block itself in [start, start+T). Query i sees every prefix slot and the block
+slots j where block_mask[i, j] (None = causal). Backends plug in here; today there is `sdpa`
+(the reference, any device).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+BACKENDS = ("sdpa",)
+
+
+def full_mask(start: int, block_mask: torch.Tensor | None, t: int, device, groups: int = 1) -> torch.Tensor:
+    """[groups*T, start+T] bool: prefix all visible, then the block's own mask (rows repeated per
+    query head of a GQA group)."""
+    if block_mask is None:
+        block_mask = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    prefix = torch.ones(t, start, dtype=torch.bool, device=device)
+    mask = torch.cat((prefix, block_mask.to(device=device, dtype=torch.bool)), dim=1)
+    return mask.repeat(groups, 1) if groups > 1 else mask
+
+
+def sdpa_attention(q, k, v, start: int, block_mask: torch.Tensor | None, mask: torch.Tensor | None = None):
+    """mask: the [T, start+T] full mask when the caller built it once for all layers."""
+    b, hq, t, d = q.shape
+    hkv = k.shape[1]
+    k, v = k[:, :, : start + t], v[:, :, : start + t]
+    if hq == hkv and block_mask is None and start == 0:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if mask is None:
+        mask = full_mask(start, block_mask, t, q.device)
+    if hq == hkv:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    # GQA without copying K/V: the G query heads of a KV head become G*T rows of one query block
+    g = hq // hkv
+    if mask.shape[0] == t:
+        mask = mask.repeat(g, 1)
+    out = F.scaled_dot_product_attention(q.reshape(b, hkv, g * t, d), k, v, attn_mask=mask)
+    return out.view(b, hq, t, d)
+
+
+def attention(q, k, v, start: int, block_mask: torch.Tensor | None, backend: str = "sdpa",
+              dense_mask: torch.Tensor | None = None) -> torch.Tensor:
+    if backend == "sdpa":
+        return sdpa_attention(q, k, v, start, block_mask, dense_mask)
+    raise ValueError(f"unknown attention backend {backend!r}; choose from {', '.join(BACKENDS)}")

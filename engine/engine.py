@@ -1,0 +1,306 @@
+"""`engine.load(...) -> Engine`: one model, its heads and tokenizer, and the generate/stream API."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+import trees
+
+from .config import ModelLoadError
+from .decode import DecodeState, ar_step, prefill, tree_step
+from .heads import MedusaHeads
+from .loading import find_heads, load_base, load_heads, resolve_model_dir
+from .model import Transformer
+from .sampling import SamplingParams
+from .trace import TraceWriter, header, step_trace
+
+MODES = ("ar", "medusa")
+
+
+class GenerationError(ValueError):
+    """Bad generation settings or input (too long, empty, unknown mode); nothing was run."""
+
+
+@dataclass
+class StepEvent:
+    step: int
+    tokens: list[int]
+    text: str  # text this step added to the output
+    accepted_nodes: list[int]
+    step_ms: float
+    trace: dict | None
+    done: bool = False
+    finish_reason: str | None = None  # "eos" | "length" on the last event
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]
+    new_tokens: int
+    steps: int
+    mean_accepted: float
+    wall_s: float
+    tokens_per_s: float
+    mode: str
+    tree: list[list[int]] | None
+    prompt_tokens: int
+    finish_reason: str
+    traces: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        keys = ("text", "token_ids", "new_tokens", "steps", "mean_accepted", "wall_s", "tokens_per_s", "mode", "tree",
+                "prompt_tokens", "finish_reason")
+        return {k: getattr(self, k) for k in keys}
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in names:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; choose from {', '.join(names)}")
+    return names[dtype]
+
+
+class Engine:
+    def __init__(self, model: Transformer, heads: MedusaHeads | None, tokenizer, name: str, heads_source: str | None,
+                 max_seq_len: int | None = None):
+        self.model, self.heads, self.tokenizer = model, heads, tokenizer
+        self.name, self.heads_source = name, heads_source
+        self.args = model.args
+        context = self.args.max_position_embeddings
+        if self.args.sliding_window:
+            context = min(context, self.args.sliding_window)  # beyond the window our attention would differ
+        self.max_seq_len = min(max_seq_len or context, context)
+        eos = set(self.args.eos_token_ids)
+        if tokenizer is not None and tokenizer.eos_token_id is not None:
+            eos.add(tokenizer.eos_token_id)
+        self.eos_ids = eos
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def num_heads(self) -> int:
+        return self.heads.num_heads if self.heads is not None else 0
+
+    # -- input ---------------------------------------------------------------------------------
+    def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise GenerationError("this model has no tokenizer: pass token ids")
+            if chat and getattr(self.tokenizer, "chat_template", None):
+                ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                         add_generation_prompt=True, tokenize=True)
+                ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            else:
+                ids = self.tokenizer.encode(prompt)
+        else:
+            ids = list(prompt)
+        if not ids:
+            raise GenerationError("the prompt is empty (no tokens)")
+        bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < self.args.vocab_size)]
+        if bad:
+            raise GenerationError(f"token id {bad[0]!r} is outside the vocabulary [0, {self.args.vocab_size})")
+        return [int(t) for t in ids]
+
+    def decode_token(self, token: int) -> str:
+        return self.tokenizer.decode([token]) if self.tokenizer is not None else f"<{token}>"
+
+    def text_of(self, ids: Sequence[int]) -> str:
+        if self.tokenizer is None:
+            return " ".join(map(str, ids))
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def resolve_tree(self, tree) -> list[list[int]]:
+        if self.heads is None:
+            raise GenerationError("mode 'medusa' needs Medusa heads; this engine was loaded without any")
+        try:
+            return trees.resolve(tree, num_heads=self.num_heads)
+        except trees.TreeError as e:
+            raise GenerationError(f"bad tree: {e}") from None
+
+    # -- decoding ------------------------------------------------------------------------------
+    def stream(
+        self,
+        prompt_or_ids: str | Sequence[int],
+        max_new_tokens: int = 128,
+        mode: str = "medusa",
+        tree=None,
+        accept: str = "greedy",
+        trace: bool = False,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        chat: bool = False,
+        stop_on_eos: bool = True,
+        trace_file: str | os.PathLike | None = None,
+    ) -> Iterator[StepEvent]:
+        """Yield one StepEvent per decoding step (the UI draws each as it arrives)."""
+        if mode not in MODES:
+            raise GenerationError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+        if accept not in ("greedy", "typical", "sample"):
+            raise GenerationError(f"unknown acceptance {accept!r}; choose greedy, typical or sample")
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise GenerationError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        try:
+            params = SamplingParams(0.0 if accept == "greedy" else float(temperature), int(top_k), float(top_p))
+        except ValueError as e:
+            raise GenerationError(str(e)) from None
+        choices = self.resolve_tree(tree) if mode == "medusa" else None
+        ids = self.encode(prompt_or_ids, chat=chat)
+        if len(ids) + max_new_tokens > self.max_seq_len:
+            raise GenerationError(
+                f"prompt of {len(ids)} tokens + max_new_tokens {max_new_tokens} = {len(ids) + max_new_tokens} "
+                f"exceeds the context of {self.max_seq_len} tokens"
+            )
+        buf = trees.buffers(choices).to(self.device) if choices else None
+        tree_nodes = buf.num_nodes if buf is not None else 1
+        try:
+            self.model.setup_cache(1, self.max_seq_len + tree_nodes)
+        except torch.OutOfMemoryError:
+            self.model.cache = None
+            raise GenerationError(f"out of memory allocating a KV cache of {self.max_seq_len} tokens") from None
+        gen = None
+        if seed is not None or not params.greedy:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(seed if seed is not None else int(time.time_ns() % 2**31))
+        writer = TraceWriter(trace_file) if trace_file else None
+        want_trace = trace or writer is not None
+        if writer:
+            writer.write(header(self.name, self.heads_source, choices, mode, accept,
+                                {"temperature": params.temperature, "prompt_tokens": len(ids)}))
+        try:
+            yield from self._loop(ids, max_new_tokens, mode, buf, choices, accept, params, gen, want_trace, writer,
+                                  stop_on_eos)
+        finally:
+            if writer:
+                writer.close()
+
+    def _loop(self, ids, max_new, mode, buf, choices, accept, params, gen, want_trace, writer, stop_on_eos):
+        sync = self.device.type == "cuda"
+        input_ids = torch.tensor(ids, device=self.device)
+        with_heads = self.heads if (mode == "medusa" or want_trace) else None
+        state: DecodeState = prefill(self.model, with_heads, input_ids, params, gen)
+        produced: list[int] = []
+        step = 0
+        while True:
+            t0 = time.perf_counter()
+            prefix_len = state.prefix_len
+            if mode == "medusa":
+                res = tree_step(self.model, self.heads, buf, state, accept, params, gen)
+            else:
+                head_logits = state.head_logits
+                res = ar_step(self.model, with_heads, state, params, gen)
+                res.head_logits = head_logits
+            if sync:
+                torch.cuda.synchronize()
+            ms = (time.perf_counter() - t0) * 1000
+            tokens = res.tokens[: max_new - len(produced)]
+            finish = None
+            if stop_on_eos:
+                for i, t in enumerate(tokens):
+                    if t in self.eos_ids:
+                        tokens, finish = tokens[: i + 1], "eos"
+                        break
+            before = self.text_of(produced)
+            produced.extend(tokens)
+            if finish is None and len(produced) >= max_new:
+                finish = "length"
+            record = None
+            if want_trace:
+                parent = buf.parent.tolist() if mode == "medusa" else [-1]
+                record = step_trace(step, prefix_len, choices or [], res, parent, 10, ms, self.decode_token)
+                if writer:
+                    writer.write(record)
+            text = self.text_of(produced)
+            yield StepEvent(step, tokens, text[len(before):] if text.startswith(before) else text, res.accepted_nodes,
+                            ms, record, finish is not None, finish)
+            step += 1
+            if finish is not None:
+                return
+
+    def generate(self, prompt_or_ids, max_new_tokens: int = 128, mode: str = "medusa", tree=None,
+                 accept: str = "greedy", trace: bool = False, **kw) -> Result:
+        t0 = time.perf_counter()
+        events = list(self.stream(prompt_or_ids, max_new_tokens, mode, tree, accept, trace, **kw))
+        wall = time.perf_counter() - t0
+        token_ids = [t for e in events for t in e.tokens]
+        prompt_tokens = len(self.encode(prompt_or_ids, chat=kw.get("chat", False)))
+        steps = len(events)
+        return Result(
+            text=self.text_of(token_ids),
+            token_ids=token_ids,
+            new_tokens=len(token_ids),
+            steps=steps,
+            mean_accepted=len(token_ids) / max(steps, 1),
+            wall_s=wall,
+            tokens_per_s=len(token_ids) / wall if wall > 0 else 0.0,
+            mode=mode,
+            tree=self.resolve_tree(tree) if mode == "medusa" else None,
+            prompt_tokens=prompt_tokens,
+            finish_reason=events[-1].finish_reason if events else "length",
+            traces=[e.trace for e in events if e.trace is not None],
+        )
+
+
+def load_tokenizer(model_dir: Path):
+    files = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+    if not any((model_dir / f).exists() for f in files):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    except Exception as e:
+        raise ModelLoadError(f"{model_dir}: cannot load the tokenizer ({type(e).__name__}: {e})") from None
+
+
+def load(
+    model: str | os.PathLike,
+    heads: str | os.PathLike | dict | bool | None = None,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    max_seq_len: int | None = None,
+    backend: str = "sdpa",
+) -> Engine:
+    """Load a local Llama-family model and its Medusa heads.
+
+    heads=None finds them beside the model (medusa_heads.safetensors, medusa_lm_head.*, or
+    `medusa_head.*` keys in a Medusa-2 checkpoint); heads=False loads none; a path loads that file.
+    """
+    dev = torch.device(device) if device is not None else default_device()
+    dt = _dtype(dtype, dev)
+    model_dir = resolve_model_dir(model)
+    base, medusa_sd = load_base(model_dir, dev, dt)
+    base.backend = backend
+    medusa, source = None, None
+    if heads is not False:
+        if heads is not None and heads is not True:
+            medusa = load_heads(heads, base.args, dev, dt)
+            source = str(heads) if not isinstance(heads, dict) else "<state dict>"
+        elif medusa_sd:
+            medusa = load_heads(medusa_sd, base.args, dev, dt, where=f"{model_dir} (medusa_head.*)")
+            source = f"{model_dir} (medusa_head.*)"
+        elif (found := find_heads(model_dir)) is not None:
+            medusa = load_heads(found, base.args, dev, dt)
+            source = str(found)
+        elif heads is True:
+            raise ModelLoadError(f"{model_dir}: no Medusa heads found")
+    return Engine(base, medusa, load_tokenizer(model_dir), str(model), source, max_seq_len)

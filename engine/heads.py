@@ -1,0 +1,132 @@
+"""Medusa heads and the checkpoint formats people have on disk.
+
+A head is `num_layers` ResBlocks `x = x + SiLU(W x + b)` then a d -> V projection, either its own
+(FasterDecoding Medusa-1) or the base model's lm_head (shared). All heads run as one batched GEMM
+per layer. Head and layer counts always come from the weight keys: public `config.json` files state
+them wrongly, and nothing here loads with strict=False.
+
+Formats (detected from the keys):
+  faster-decoding  `{h}.{l}.linear.weight`, `{h}.{l}.linear.bias` (l < L), `{h}.{L}.weight`
+                   (`medusa_lm_head.pt` / `.safetensors`)
+  shared-lm-head   the same without `{h}.{L}.weight`: heads reuse the base lm_head
+                   (our `medusa_heads.safetensors`, Medusa's "version 2" code)
+  medusa2          either of the above under `medusa_head.` inside a full model state dict
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelLoadError
+
+_KEY = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
+
+
+@dataclass(frozen=True)
+class HeadLayout:
+    format: str  # "faster-decoding" | "shared-lm-head"
+    num_heads: int
+    num_layers: int
+    shared_lm_head: bool
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, num_heads: int, num_layers: int, dim: int, vocab_size: int | None):
+        super().__init__()
+        self.num_heads, self.num_layers, self.dim = num_heads, num_layers, dim
+        # Zero ResBlocks make a fresh head equal the base lm_head (Medusa's initialisation).
+        self.weight = nn.Parameter(torch.zeros(num_heads, num_layers, dim, dim))
+        self.bias = nn.Parameter(torch.zeros(num_heads, num_layers, dim))
+        self.proj = None if vocab_size is None else nn.Parameter(torch.zeros(num_heads, vocab_size, dim))
+
+    @property
+    def shared_lm_head(self) -> bool:
+        return self.proj is None
+
+    def hidden(self, h: torch.Tensor) -> torch.Tensor:
+        """[N, d] base hidden states -> [K, N, d] head features, all heads batched."""
+        x = h.unsqueeze(0).expand(self.num_heads, -1, -1)
+        for layer in range(self.num_layers):
+            w, b = self.weight[:, layer], self.bias[:, layer]
+            x = x + F.silu(torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2)))
+        return x
+
+    def forward(self, h: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+        """[N, d] -> logits [K, N, V]."""
+        x = self.hidden(h)
+        if self.proj is None:
+            return x @ lm_head_weight.t()
+        return torch.bmm(x, self.proj.transpose(1, 2))
+
+    def state_dict_faster_decoding(self, include_proj: bool = True) -> dict[str, torch.Tensor]:
+        """Keys in the FasterDecoding layout (projection only when the heads have their own)."""
+        out = {}
+        for h in range(self.num_heads):
+            for layer in range(self.num_layers):
+                out[f"{h}.{layer}.linear.weight"] = self.weight[h, layer].detach().contiguous()
+                out[f"{h}.{layer}.linear.bias"] = self.bias[h, layer].detach().contiguous()
+            if include_proj and self.proj is not None:
+                out[f"{h}.{self.num_layers}.weight"] = self.proj[h].detach().contiguous()
+        return out
+
+
+def detect_layout(keys: list[str], where: str) -> HeadLayout:
+    """Read head and layer counts from the keys; any key outside the layout is an error."""
+    found: dict[tuple[int, int], set[str]] = {}
+    for key in keys:
+        m = _KEY.match(key)
+        if not m:
+            raise ModelLoadError(f"{where}: key {key!r} matches no Medusa head format "
+                                 "(expected '{head}.{layer}.linear.weight|bias' or '{head}.{L}.weight')")
+        found.setdefault((int(m[1]), int(m[2])), set()).add(m[3])
+    if not found:
+        raise ModelLoadError(f"{where}: no Medusa head weights found")
+    num_heads = max(h for h, _ in found) + 1
+    per_head_layers = {}
+    for h in range(num_heads):
+        layers = sorted(layer for hh, layer in found if hh == h)
+        if not layers:
+            raise ModelLoadError(f"{where}: head {h} is missing (heads 0..{num_heads - 1} expected)")
+        resblocks = [layer for layer in layers if "linear.weight" in found[(h, layer)]]
+        if resblocks != list(range(len(resblocks))):
+            raise ModelLoadError(f"{where}: head {h} has ResBlocks {resblocks}, expected 0..{len(resblocks) - 1}")
+        for layer in resblocks:
+            if found[(h, layer)] != {"linear.weight", "linear.bias"}:
+                missing = {"linear.weight", "linear.bias"} - found[(h, layer)]
+                raise ModelLoadError(f"{where}: key '{h}.{layer}.{sorted(missing)[0]}' is missing")
+        rest = [layer for layer in layers if layer not in resblocks]
+        if rest and (rest != [len(resblocks)] or found[(h, rest[0])] != {"weight"}):
+            raise ModelLoadError(f"{where}: head {h} has unexpected keys at layers {rest}")
+        per_head_layers[h] = (len(resblocks), bool(rest))
+    shapes = set(per_head_layers.values())
+    if len(shapes) != 1:
+        raise ModelLoadError(f"{where}: heads disagree in layout (ResBlocks, own projection): {per_head_layers}")
+    num_layers, has_proj = shapes.pop()
+    return HeadLayout("faster-decoding" if has_proj else "shared-lm-head", num_heads, num_layers, not has_proj)
+
+
+def heads_from_state_dict(sd: Mapping[str, torch.Tensor], dim: int, vocab_size: int, where: str) -> MedusaHeads:
+    """Build heads from a heads-only state dict, checking every shape against the base model."""
+    layout = detect_layout(list(sd), where)
+    heads = MedusaHeads(layout.num_heads, layout.num_layers, dim, None if layout.shared_lm_head else vocab_size)
+
+    def take(key: str, shape: tuple[int, ...]) -> torch.Tensor:
+        t = sd[key]
+        if tuple(t.shape) != shape:
+            raise ModelLoadError(f"{where}: key {key!r} has shape {tuple(t.shape)}, the base model needs {shape}")
+        return t
+
+    with torch.no_grad():
+        for h in range(layout.num_heads):
+            for layer in range(layout.num_layers):
+                heads.weight[h, layer] = take(f"{h}.{layer}.linear.weight", (dim, dim))
+                heads.bias[h, layer] = take(f"{h}.{layer}.linear.bias", (dim,))
+            if heads.proj is not None:
+                heads.proj[h] = take(f"{h}.{layout.num_layers}.weight", (vocab_size, dim))
+    return heads

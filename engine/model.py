@@ -1,0 +1,155 @@
+"""Our Llama-family decoder (gpt-fast style): static KV cache, explicit positions, block masks.
+
+`Transformer.forward(tokens, positions, start, block_mask)` runs T new tokens whose K/V are written
+to cache slots start..start+T-1; each token attends to the committed prefix [0, start) and to the
+tokens of its own block that `block_mask[T, T]` allows (causal for prefill, the tree mask for a
+Medusa step). Positions are explicit so tree nodes get prefix_len + depth.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import attention, full_mask
+from .config import ModelArgs, rope_inv_freq
+
+
+class KVCache(nn.Module):
+    """K and V for all layers in two tensors [L, B, H_kv, S, D], so compaction is one indexed copy."""
+
+    def __init__(self, args: ModelArgs, batch: int, capacity: int, device, dtype):
+        super().__init__()
+        shape = (args.n_layers, batch, args.n_kv_heads, capacity, args.head_dim)
+        self.register_buffer("k", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[3]
+
+    def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Move slots src -> dst for every layer. Gather first, then write: the ranges may overlap."""
+        k, v = self.k.index_select(3, src), self.v.index_select(3, src)
+        self.k.index_copy_(3, dst, k)
+        self.v.index_copy_(3, dst, v)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Same order as transformers: normalise in float32, cast back, then scale.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        d, hd = args.dim, args.head_dim
+        self.q_proj = nn.Linear(d, args.n_heads * hd, bias=args.qkv_bias)
+        self.k_proj = nn.Linear(d, args.n_kv_heads * hd, bias=args.qkv_bias)
+        self.v_proj = nn.Linear(d, args.n_kv_heads * hd, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(args.n_heads * hd, d, bias=args.o_bias)
+
+    def forward(self, x, cos, sin, cache: KVCache | None, layer: int, start: int, block_mask, backend: str,
+                dense_mask: torch.Tensor | None = None):
+        b, t, _ = x.shape
+        a = self.args
+        q = self.q_proj(x).view(b, t, a.n_heads, a.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, a.n_kv_heads, a.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, a.n_kv_heads, a.head_dim).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        if cache is None:  # training / scoring: no cache, attend within the block only
+            out = attention(q, k, v, 0, block_mask, backend="sdpa")
+        else:
+            cache.k[layer, :b, :, start : start + t] = k
+            cache.v[layer, :b, :, start : start + t] = v
+            out = attention(q, cache.k[layer, :b], cache.v[layer, :b], start, block_mask, backend, dense_mask)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, a.n_heads * a.head_dim))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.gate_proj = nn.Linear(args.dim, args.intermediate_size, bias=args.mlp_bias)
+        self.up_proj = nn.Linear(args.dim, args.intermediate_size, bias=args.mlp_bias)
+        self.down_proj = nn.Linear(args.intermediate_size, args.dim, bias=args.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.self_attn = Attention(args)
+        self.mlp = FeedForward(args)
+        self.input_layernorm = RMSNorm(args.dim, args.norm_eps)
+        self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
+
+
+class Transformer(nn.Module):
+    """Parameter names follow the HF layout (`model.` stripped) so checkpoints load by name."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
+        self.cache: KVCache | None = None
+        self.backend = "sdpa"
+
+    def setup_cache(self, batch: int, capacity: int) -> KVCache:
+        w = self.embed_tokens.weight
+        if self.cache is None or self.cache.capacity < capacity or self.cache.k.shape[1] < batch:
+            self.cache = None  # free the old one before allocating the new one
+            self.cache = KVCache(self.args, batch, capacity, w.device, w.dtype)
+        return self.cache
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = positions.float()[..., None] * self.inv_freq  # [B, T, D/2]
+        emb = torch.cat((angles, angles), dim=-1)
+        return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]  # [B, 1, T, D]
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        start: int = 0,
+        block_mask: torch.Tensor | None = None,
+        use_cache: bool = True,
+    ) -> torch.Tensor:
+        """tokens, positions [B, T] -> final-normed hidden states [B, T, dim] (feed lm_head or heads)."""
+        x = self.embed_tokens(tokens)
+        if positions.dim() == 1:
+            positions = positions[None].expand(tokens.shape[0], -1)
+        cos, sin = self.rope(positions, x.dtype)
+        cache = self.cache if use_cache else None
+        dense = None  # the SDPA mask is the same in every layer: build it once per forward
+        if cache is not None and self.backend == "sdpa" and (start > 0 or block_mask is not None):
+            a = self.args
+            dense = full_mask(start, block_mask, tokens.shape[1], x.device, a.n_heads // a.n_kv_heads)
+        for i, layer in enumerate(self.layers):
+            h = layer.input_layernorm(x)
+            x = x + layer.self_attn(h, cos, sin, cache, i, start, block_mask, self.backend, dense)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x)

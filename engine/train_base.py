@@ -1,0 +1,129 @@
+"""Train the demo base model from scratch (our Transformer, saved in the HF Llama layout).
+
+One readable loop, nanoGPT style: random windows of a uint16 token file, AdamW, warmup then
+cosine decay over a step count fixed from a time budget after a short timing warm-up.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+from .config import ModelArgs
+from .model import Transformer
+
+DEMO_SHAPE = dict(vocab_size=8192, dim=384, n_layers=5, n_heads=6, n_kv_heads=2, head_dim=64,
+                  intermediate_size=896, norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=1024,
+                  tie_word_embeddings=True)
+
+
+def hf_config(args: ModelArgs, eos_token_id: int) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": args.vocab_size,
+        "hidden_size": args.dim, "intermediate_size": args.intermediate_size, "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads, "num_key_value_heads": args.n_kv_heads, "head_dim": args.head_dim,
+        "rms_norm_eps": args.norm_eps, "rope_theta": args.rope_theta, "max_position_embeddings": args.max_position_embeddings,
+        "tie_word_embeddings": args.tie_word_embeddings, "attention_bias": False, "mlp_bias": False,
+        "hidden_act": "silu", "bos_token_id": None, "eos_token_id": eos_token_id, "torch_dtype": "float16",
+    }
+
+
+def hf_state_dict(model: Transformer, dtype=torch.float16) -> dict[str, torch.Tensor]:
+    out = {}
+    for k, v in model.state_dict().items():
+        if k == "lm_head.weight" and model.args.tie_word_embeddings:
+            continue
+        out[k if k == "lm_head.weight" else f"model.{k}"] = v.detach().to(dtype).contiguous().cpu()
+    return out
+
+
+def init_weights(model: Transformer, std: float = 0.02) -> None:
+    for name, p in model.named_parameters():
+        if p.dim() == 2:  # residual-branch outputs scaled down by depth (GPT-2 style)
+            residual = name.endswith(("o_proj.weight", "down_proj.weight"))
+            torch.nn.init.normal_(p, std=std / math.sqrt(2 * model.args.n_layers) if residual else std)
+        elif name.endswith("bias"):
+            torch.nn.init.zeros_(p)
+
+
+def batches(tokens: np.ndarray, batch: int, seq: int, device, gen: np.random.Generator):
+    while True:
+        starts = gen.integers(0, len(tokens) - seq - 1, size=batch)
+        x = np.stack([tokens[s : s + seq + 1] for s in starts]).astype(np.int64)
+        t = torch.from_numpy(x).to(device, non_blocking=True)
+        yield t[:, :-1], t[:, 1:]
+
+
+@torch.no_grad()
+def evaluate(model: Transformer, tokens: np.ndarray, seq: int, batch: int, device, n_batches: int = 8) -> float:
+    model.eval()
+    gen = np.random.default_rng(1234)
+    it = batches(tokens, batch, seq, device, gen)
+    losses = []
+    for _ in range(n_batches):
+        x, y = next(it)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            h = model(x, torch.arange(seq, device=device), use_cache=False)
+            loss = F.cross_entropy(model.lm_head(h).float().flatten(0, 1), y.flatten())
+        losses.append(loss.item())
+    model.train()
+    return float(np.mean(losses))
+
+
+def train_base(data_dir: str | Path, out_dir: str | Path, minutes: float = 5.0, batch: int = 64, seq: int = 1024,
+               lr: float = 2e-3, seed: int = 0, steps: int | None = None, device: str | None = None, log=print) -> dict:
+    data_dir, out = Path(data_dir), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch.manual_seed(seed)
+    train = np.fromfile(data_dir / "train.bin", dtype=np.uint16)
+    held = np.fromfile(data_dir / "heldout.bin", dtype=np.uint16)
+    args = ModelArgs(**DEMO_SHAPE)
+    model = Transformer(args).to(dev)
+    init_weights(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=dev.type == "cuda")
+    it = batches(train, batch, seq, dev, np.random.default_rng(seed))
+    positions = torch.arange(seq, device=dev)
+    warmup, total, step, t0 = 100, steps, 0, time.time()
+    best = (float("inf"), None)
+    history = []
+    while total is None or step < total:
+        if step == 50 and total is None:  # fix the schedule from the measured speed
+            per_step = (time.time() - t0) / 50
+            total = max(200, int(minutes * 60 / per_step))
+            log(f"{per_step * 1000:.1f} ms/step -> {total} steps")
+        frac = (step - warmup) / max(1, (total or 10**9) - warmup)
+        cur_lr = lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(max(frac, 0), 1))))
+        for g in opt.param_groups:
+            g["lr"] = cur_lr
+        x, y = next(it)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            h = model(x, positions, use_cache=False)
+            loss = F.cross_entropy(model.lm_head(h).float().flatten(0, 1), y.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % 250 == 0 or step == total:
+            hl = evaluate(model, held, seq, batch, dev)
+            history.append({"step": step, "train_loss": loss.item(), "heldout_loss": hl, "s": time.time() - t0})
+            log(json.dumps(history[-1]))
+            if hl < best[0]:
+                best = (hl, {k: v.detach().clone() for k, v in model.state_dict().items()})
+    model.load_state_dict(best[1])
+    eos = int(len(train) and train[-1])  # every file ends with EOT, so the last token is its id
+    (out / "config.json").write_text(json.dumps(hf_config(args, eos), indent=1))
+    save_file(hf_state_dict(model), str(out / "model.safetensors"), metadata={"format": "pt"})
+    report = {"steps": step, "batch": batch, "seq": seq, "tokens_seen": step * batch * seq, "seconds": time.time() - t0,
+              "best_heldout_loss": best[0], "params": sum(p.numel() for p in model.parameters()),
+              "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "history": history}
+    (out / "train_base.json").write_text(json.dumps(report, indent=1))
+    return report

@@ -1,0 +1,73 @@
+"""Fixtures that write tiny random checkpoints to a temp dir (no network, no downloads)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+
+import json  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+VOCAB = 97
+
+
+def make_hf_model(path, kind: str = "llama", n_kv: int = 2, tied: bool = False, seed: int = 0, ctx: int = 256):
+    """Save a tiny random HF model of the given layout; returns the transformers model (eval)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=n_kv, max_position_embeddings=ctx,
+                  tie_word_embeddings=tied, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    if kind == "llama":
+        cfg, cls = transformers.LlamaConfig(**common), transformers.LlamaForCausalLM
+    elif kind == "mistral":
+        cfg, cls = transformers.MistralConfig(**common, sliding_window=None), transformers.MistralForCausalLM
+    elif kind == "qwen2":
+        cfg, cls = transformers.Qwen2Config(**common), transformers.Qwen2ForCausalLM
+    else:
+        raise ValueError(kind)
+    model = cls(cfg).eval()
+    with torch.no_grad():  # larger than default init, so greedy outputs vary and heads matter
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.08)
+    model.save_pretrained(str(path))
+    return model
+
+
+def random_heads_sd(num_heads: int = 5, num_layers: int = 1, dim: int = 64, vocab: int | None = VOCAB, seed: int = 1):
+    """A FasterDecoding-layout state dict ({h}.{l}.linear.*, {h}.{L}.weight when vocab is given)."""
+    from engine.heads import MedusaHeads
+
+    g = torch.Generator().manual_seed(seed)
+    h = MedusaHeads(num_heads, num_layers, dim, vocab)
+    with torch.no_grad():
+        h.weight.copy_(torch.randn(h.weight.shape, generator=g) * 0.05)
+        h.bias.copy_(torch.randn(h.bias.shape, generator=g) * 0.05)
+        if h.proj is not None:
+            h.proj.copy_(torch.randn(h.proj.shape, generator=g) * 0.3)
+    return h.state_dict_faster_decoding()
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llama")
+    make_hf_model(d, "llama", n_kv=2, tied=False)
+    from safetensors.torch import save_file
+
+    save_file(random_heads_sd(), str(d / "medusa_lm_head.safetensors"))
+    # public Medusa configs state the head count wrongly; the loader must ignore it
+    (d / "config_medusa.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1}))
+    return d
+
+
+@pytest.fixture(scope="session")
+def demo_engine():
+    import engine
+
+    return engine.load("demo", device="cpu")

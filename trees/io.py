@@ -1,0 +1,153 @@
+"""Tree files: the schema-1 JSON of DESIGN.md, bare lists, and other engines' formats.
+
+Saving is atomic (temp file in the same folder, fsync, rename) so a crash mid-save leaves the
+previous file whole, and it refuses to replace a different tree unless asked.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path as FsPath
+
+from .tree import TreeError, as_lists, depth, validate
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class TreeFile:
+    """A tree with its metadata, as stored on disk."""
+
+    medusa_choices: list[list[int]]
+    num_heads: int | None = None
+    topk: int = 10
+    name: str = ""
+    expected_accepted: float | None = None
+    estimator: str = ""
+    source: str = ""
+    created: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        out = {
+            "schema_version": SCHEMA_VERSION,
+            "medusa_choices": as_lists(self.medusa_choices),
+            "num_heads": self.num_heads if self.num_heads is not None else depth(self.medusa_choices),
+            "topk": self.topk,
+            "name": self.name,
+            "expected_accepted": self.expected_accepted,
+            "estimator": self.estimator,
+            "source": self.source,
+            "created": self.created or _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        }
+        out.update(self.extra)
+        return out
+
+
+def parse_tree(obj: object, *, where: str = "tree") -> TreeFile:
+    """Accept a bare list of paths or a schema-1 object; validate the paths."""
+    if isinstance(obj, list):
+        return TreeFile(medusa_choices=as_lists(validate(obj)))
+    if not isinstance(obj, dict):
+        raise TreeError(f"{where}: expected a list of paths or an object with 'medusa_choices'")
+    version = obj.get("schema_version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        raise TreeError(f"{where}: schema_version {version!r} is not supported (expected {SCHEMA_VERSION})")
+    if "medusa_choices" not in obj:
+        raise TreeError(f"{where}: missing 'medusa_choices'")
+    topk = obj.get("topk", 10)
+    num_heads = obj.get("num_heads")
+    if not isinstance(topk, int) or isinstance(topk, bool):
+        raise TreeError(f"{where}: 'topk' must be an integer")
+    if num_heads is not None and (not isinstance(num_heads, int) or isinstance(num_heads, bool)):
+        raise TreeError(f"{where}: 'num_heads' must be an integer")
+    paths = validate(obj["medusa_choices"], topk=topk, num_heads=num_heads)
+    known = {"schema_version", "medusa_choices", "num_heads", "topk", "name", "expected_accepted",
+             "estimator", "source", "created"}
+    return TreeFile(
+        medusa_choices=as_lists(paths),
+        num_heads=num_heads,
+        topk=topk,
+        name=str(obj.get("name", "")),
+        expected_accepted=obj.get("expected_accepted"),
+        estimator=str(obj.get("estimator", "")),
+        source=str(obj.get("source", "")),
+        created=str(obj.get("created", "")),
+        extra={k: v for k, v in obj.items() if k not in known},
+    )
+
+
+def load_tree(path: str | os.PathLike) -> TreeFile:
+    """Read a tree file; a missing, corrupt or invalid file raises TreeError naming the file."""
+    p = FsPath(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TreeError(f"{p}: no such tree file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise TreeError(f"{p}: cannot read tree file ({e})") from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TreeError(f"{p}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    try:
+        return parse_tree(obj, where=str(p))
+    except TreeError as e:
+        msg = str(e)
+        raise TreeError(msg if msg.startswith(str(p)) else f"{p}: {msg}") from None
+
+
+def save_tree(tree: TreeFile | Sequence[Sequence[int]], path: str | os.PathLike, *, overwrite: bool = False) -> FsPath:
+    """Write atomically. An existing file holding a different tree is kept unless overwrite=True."""
+    tf = tree if isinstance(tree, TreeFile) else TreeFile(medusa_choices=as_lists(validate(tree)))
+    validate(tf.medusa_choices, topk=tf.topk, num_heads=tf.num_heads)
+    p = FsPath(path)
+    if p.exists() and not overwrite:
+        try:
+            same = load_tree(p).medusa_choices == as_lists(validate(tf.medusa_choices, topk=tf.topk))
+        except TreeError:
+            same = False
+        if not same:
+            raise FileExistsError(f"{p}: a different tree is already saved there (pass overwrite=True)")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(tf.to_json(), indent=1) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return p
+
+
+def to_trtllm(choices: Sequence[Sequence[int]]) -> str:
+    """TensorRT-LLM takes `medusa_choices` as a list of lists (its `--medusa_choices` string)."""
+    return json.dumps(as_lists(validate(choices))).replace(" ", "")
+
+
+def to_vllm(choices: Sequence[Sequence[int]]) -> str:
+    """vLLM's `speculative_token_tree`: a Python-literal list of tuples, breadth-first."""
+    return "[" + ", ".join("(" + ", ".join(map(str, p)) + ("," if len(p) == 1 else "") + ")"
+                           for p in validate(choices)) + "]"
+
+
+def from_counts(counts: Sequence[int]) -> list[list[int]]:
+    """Old Medusa format: `[1, 7, 6]` = the full product tree with that many ranks per depth."""
+    if not counts or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts):
+        raise TreeError(f"per-head counts {list(counts)!r}: need a non-empty list of positive integers")
+    level: list[tuple[int, ...]] = [()]
+    out: list[tuple[int, ...]] = []
+    for c in counts:
+        level = [p + (r,) for p in level for r in range(c)]
+        out.extend(level)
+    return as_lists(validate(out, topk=max(max(counts), 1)))
