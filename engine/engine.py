@@ -219,6 +219,7 @@ class Engine:
                     if t in self.eos_ids:
                         tokens, finish = tokens[: i + 1], "eos"
                         break
+            res.tokens = tokens  # what is committed to the output (cut at EOS / max_new_tokens)
             before = self.text_of(produced)
             produced.extend(tokens)
             if finish is None and len(produced) >= max_new:

@@ -1,0 +1,1 @@
+"""Figures and the Gradio UI over engine/ and trees/ (no model math here)."""

@@ -1,0 +1,242 @@
+"""What the app's events do, as plain functions over one Engine (testable without a browser).
+
+Every user error comes back as a message string, never an exception: the UI shows it and stays
+usable. Trees are JSON only (never evaluated as Python); saved trees go under the app's data folder
+with sanitised names, written atomically.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trees
+from engine import Engine, GenerationError
+from engine.prompts import heldout_prompts
+
+from . import figures
+
+MAX_PROMPT_CHARS = 20_000
+STEP_COLORS = ["#e3f2fd", "#fff3e0", "#e8f5e9", "#fce4ec", "#ede7f6", "#f1f8e9"]
+EDITOR = "(tree editor)"
+
+
+class UserError(ValueError):
+    """Shown to the user as a message."""
+
+
+@dataclass
+class Workbench:
+    engine: Engine
+    data_dir: Path
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stop_event: threading.Event = field(default_factory=threading.Event)
+    all_traces: list[dict] = field(default_factory=list)  # every step decoded so far (Tune, predictions)
+
+    @property
+    def tree_dir(self) -> Path:
+        d = self.data_dir / "trees"
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    # -- trees -------------------------------------------------------------------------------
+    def tree_names(self) -> list[str]:
+        return [EDITOR] + trees.names() + sorted(f"saved/{p.stem}" for p in self.tree_dir.glob("*.json"))
+
+    def parse_tree_text(self, text: str) -> list[list[int]]:
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UserError(f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+        try:
+            return trees.resolve(trees.parse_tree(obj, where="tree").medusa_choices, num_heads=self.engine.num_heads or None)
+        except trees.TreeError as e:
+            raise UserError(str(e)) from None
+
+    def resolve_choice(self, choice: str, editor_text: str) -> list[list[int]]:
+        if choice == EDITOR:
+            return self.parse_tree_text(editor_text)
+        if choice.startswith("saved/"):
+            return trees.load_tree(self.tree_dir / f"{safe_name(choice[6:])}.json").medusa_choices
+        try:
+            return trees.preset(choice)
+        except trees.TreeError as e:
+            raise UserError(str(e)) from None
+
+    def head_accuracy(self):
+        vec = [v for run in trees.split_runs(self.all_traces) for v in trees.rank_vectors(run)]
+        return (trees.head_stats(vec, self.engine.num_heads).accuracy(), len(vec)) if vec else (None, 0)
+
+    def validate_tree(self, text: str) -> tuple[str, object, str]:
+        """-> (message, figure, normalised JSON). The message names the failed rule."""
+        try:
+            choices = self.parse_tree_text(text)
+        except UserError as e:
+            return f"❌ {e}", None, text
+        acc, n = self.head_accuracy()
+        msg = f"✅ valid: {len(choices)} nodes, depth {max((len(p) for p in choices), default=0)}"
+        if acc:
+            msg += f"; predicted {trees.expected_independent(choices, acc):.3f} tokens/step (from {n} logged steps)"
+        return msg, figures.tree_figure(choices, acc), json.dumps(choices)
+
+    def edit_tree(self, text: str, op: str, path_text: str, rank: int) -> tuple[str, str]:
+        """Node-table edits: add child / add sibling / delete subtree. -> (new JSON, message)."""
+        try:
+            choices = [tuple(p) for p in self.parse_tree_text(text)]
+            path = tuple(json.loads(path_text or "[]"))
+        except (UserError, json.JSONDecodeError, TypeError) as e:
+            return text, f"❌ {e}"
+        if op == "add child":
+            new = path + (int(rank),)
+        elif op == "add sibling":
+            if not path:
+                return text, "❌ the root has no siblings"
+            new = path[:-1] + (int(rank),)
+        elif op == "delete subtree":
+            if not path:
+                return text, "❌ choose a node to delete, not the root"
+            kept = [p for p in choices if p[: len(path)] != path]
+            return json.dumps([list(p) for p in trees.sort_paths(kept)]), f"deleted {list(path)} and its subtree"
+        else:
+            return text, f"❌ unknown edit {op!r}"
+        try:
+            out = trees.validate([list(p) for p in choices] + [list(new)], num_heads=self.engine.num_heads or None)
+        except trees.TreeError as e:
+            return text, f"❌ {e}"
+        return json.dumps([list(p) for p in out]), f"added {list(new)}"
+
+    def save_tree(self, name: str, text: str, overwrite: bool = False) -> tuple[str, str | None]:
+        try:
+            choices = self.parse_tree_text(text)
+            clean = safe_name(name)
+        except UserError as e:
+            return f"❌ {e}", None
+        acc, _ = self.head_accuracy()
+        tf = trees.TreeFile(choices, num_heads=self.engine.num_heads or None, name=clean,
+                            expected_accepted=round(trees.expected_independent(choices, acc), 4) if acc else None,
+                            estimator="independent" if acc else "", source="medusa-workbench tree editor")
+        try:
+            path = trees.save_tree(tf, self.tree_dir / f"{clean}.json", overwrite=overwrite)
+        except FileExistsError:
+            return f"❌ a different tree is already saved as {clean!r}: tick overwrite or pick another name", None
+        return f"✅ saved as saved/{clean}", str(path)
+
+    def export_tree(self, text: str, fmt: str) -> str:
+        try:
+            choices = self.parse_tree_text(text)
+        except UserError as e:
+            return f"❌ {e}"
+        return {"trtllm": trees.to_trtllm, "vllm": trees.to_vllm}[fmt](choices)
+
+    def diff_trees(self, a: str, b: str, editor_text: str) -> str:
+        try:
+            ta, tb = self.resolve_choice(a, editor_text), self.resolve_choice(b, editor_text)
+        except (UserError, trees.TreeError) as e:
+            return f"❌ {e}"
+        acc, _ = self.head_accuracy()
+        d = trees.diff(ta, tb, acc)
+        delta = f", ΔE = {d.delta_expected:+.3f}" if d.delta_expected is not None else ""
+        return f"kept {d.kept}; added {len(d.added)}: {d.added}; removed {len(d.removed)}: {d.removed}{delta}"
+
+    # -- decoding ----------------------------------------------------------------------------
+    def check_prompt(self, prompt: str) -> str:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise UserError("the prompt is empty")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise UserError(f"the prompt has {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}")
+        return prompt
+
+    def stream(self, prompt: str, tree_choice: str, editor_text: str, mode: str, accept: str, temperature: float,
+               max_new_tokens: int) -> Iterator[dict]:
+        """One dict per step: html, traces, figures' inputs, stats; or {'error': msg} once."""
+        try:
+            prompt = self.check_prompt(prompt)
+            tree = self.resolve_choice(tree_choice, editor_text) if mode == "medusa" else None
+            events = self.engine.stream(prompt, int(max_new_tokens), mode=mode, tree=tree, accept=accept,
+                                        temperature=float(temperature), trace=True, seed=0)
+            self.stop_event.clear()
+            pieces: list[tuple[int, str]] = []
+            traces: list[dict] = []
+            t0 = time.perf_counter()
+            with self.lock:  # one decode at a time on the one engine
+                for ev in events:
+                    pieces.append((ev.step, ev.text))
+                    traces.append(ev.trace)
+                    tokens = sum(len(t["accepted_tokens"]) for t in traces)
+                    wall = time.perf_counter() - t0
+                    yield {"html": colour_by_step(pieces), "traces": traces,
+                           "stats": f"{tokens} tokens, {len(traces)} steps, {tokens / len(traces):.2f} tokens/step, "
+                                    f"{tokens / wall:.1f} tokens/s" + (f", stopped: {ev.finish_reason}" if ev.done else "")}
+                    if self.stop_event.is_set():
+                        break
+            self.all_traces.extend([{"type": "header"}] + traces)
+        except (UserError, GenerationError, trees.TreeError) as e:
+            yield {"error": str(e)}
+
+    def collect(self, n_prompts: int, max_new_tokens: int) -> str:
+        """Tune tab: AR runs with traces on bundled held-out prompts (every head's top-k is logged)."""
+        steps = 0
+        with self.lock:
+            for p in heldout_prompts(int(n_prompts)):
+                res = self.engine.generate(p, int(max_new_tokens), mode="ar", trace=True)
+                self.all_traces.extend([{"type": "header"}] + res.traces)
+                steps += res.steps
+        acc, n = self.head_accuracy()
+        return f"collected {steps} steps from {int(n_prompts)} prompts; {n} logged steps in all"
+
+    def optimize_tree(self, nodes: int, estimator: str = "empirical") -> tuple[str, str]:
+        """-> (tree JSON, message)."""
+        vec = [v for run in trees.split_runs(self.all_traces) for v in trees.rank_vectors(run)]
+        if not vec:
+            return "", "❌ no logged steps yet: decode something or collect traces in the Tune tab first"
+        nodes = int(nodes)
+        if not 1 <= nodes <= 256:
+            return "", f"❌ nodes must be between 1 and 256, got {nodes}"
+        if estimator == "empirical":
+            t = trees.best_tree_empirical(vec, nodes, max_depth=self.engine.num_heads)
+            e = trees.expected_empirical(t, vec)
+        else:
+            acc = trees.head_stats(vec, self.engine.num_heads).accuracy()
+            t = trees.best_tree_independent(acc, nodes)
+            e = trees.expected_independent(t, acc)
+        return json.dumps(t), f"✅ {len(t)} nodes, estimated {e:.3f} tokens/step ({estimator}, {len(vec)} steps)"
+
+
+def safe_name(name: str) -> str:
+    """A file stem with no path parts: letters, digits, '-', '_' and '.', not starting with '.'."""
+    clean = re.sub(r"[^A-Za-z0-9._-]+", "_", (name or "").strip()).strip("._")[:64]
+    if not clean:
+        raise UserError("give the tree a name (letters, digits, '-', '_')")
+    return clean
+
+
+def colour_by_step(pieces: list[tuple[int, str]]) -> str:
+    spans = [f'<span title="step {s}" style="background:{STEP_COLORS[s % len(STEP_COLORS)]}">{html.escape(t)}</span>'
+             for s, t in pieces]
+    return '<pre style="white-space:pre-wrap;font-size:14px">' + "".join(spans) + "</pre>"
+
+
+def step_view(traces: list[dict], step: int):
+    """Scrubber: (tree figure, head figure, node table rows) of one step."""
+    if not traces:
+        return None, None, []
+    step = max(0, min(int(step), len(traces) - 1))
+    annotated = figures.with_next_tokens(traces)[step]
+    rows = figures.node_rows(annotated)
+    table = [[r["node"], str(r["path"]), r["token_text"], r["head_prob"], r["path_prob"], r["status"], r["why"]] for r in rows]
+    return figures.step_tree_figure(annotated), figures.head_topk_figure(annotated), table
+
+
+def example_prompt() -> str:
+    prompts = heldout_prompts(1)
+    return prompts[0] if prompts else "def read_config(path):\n"
+
+
+def default_data_dir() -> Path:
+    return Path.home() / ".medusa-workbench"
