@@ -93,7 +93,7 @@ def test_handler_errors_are_messages(wb):
     ev = list(wb.stream("x" * 30000, "mc_sim_7b_63", "", "medusa", "greedy", 0.7, 5))
     assert "limit is 20000" in ev[0]["error"]
     msg, fig, _ = wb.validate_tree("{not json")
-    assert msg.startswith("❌ not valid JSON") and fig is None
+    assert msg.startswith("✗ not valid JSON") and fig is None
     msg, _, _ = wb.validate_tree("[[0], [0, 0, 0]]")
     assert "prefix [0, 0] is missing" in msg
     msg, _, _ = wb.validate_tree(json.dumps([[0]] + [[0] * d for d in range(2, 6)]))
@@ -110,11 +110,11 @@ def test_editor_save_load_export_diff(wb, tmp_path):
     _, msg = wb.edit_tree("[[0]]", "add child", "[5]", 0)
     assert "prefix [5] is missing" in msg
     msg, path = wb.save_tree("../../etc/passwd", "[[0], [1]]")
-    assert msg.startswith("✅") and path.startswith(str(wb.tree_dir)) and "etc_passwd" in path
+    assert msg.startswith("✓") and path.startswith(str(wb.tree_dir)) and "etc_passwd" in path
     assert trees.load_tree(path).medusa_choices == [[0], [1]]
     msg, _ = wb.save_tree("etc_passwd", "[[0]]")
     assert "already saved" in msg and trees.load_tree(path).medusa_choices == [[0], [1]]
-    assert wb.save_tree("etc_passwd", "[[0]]", overwrite=True)[0].startswith("✅")
+    assert wb.save_tree("etc_passwd", "[[0]]", overwrite=True)[0].startswith("✓")
     assert "saved/etc_passwd" in wb.tree_names()
     assert wb.resolve_choice("saved/etc_passwd", "") == [[0]]
     assert wb.export_tree("[[0], [0, 0]]", "vllm") == "[(0,), (0, 0)]"
@@ -126,8 +126,8 @@ def test_editor_save_load_export_diff(wb, tmp_path):
 def test_tune_collect_and_optimise(wb):
     assert "collected" in wb.collect(2, 32)
     tree_json, msg = wb.optimize_tree(12)
-    assert msg.startswith("✅") and len(json.loads(tree_json)) == 12
-    assert wb.optimize_tree(0)[1].startswith("❌")
+    assert msg.startswith("✓") and len(json.loads(tree_json)) == 12
+    assert wb.optimize_tree(0)[1].startswith("✗")
 
 
 def test_app_over_gradio_client(wb):
@@ -145,7 +145,7 @@ def test_app_over_gradio_client(wb):
         msg, _ = c.predict("[[1, 0]]", api_name="/validate_tree")
         assert "prefix [1] is missing" in msg
         tree_json, msg = c.predict(8, "empirical", api_name="/optimize_tree")
-        assert msg.startswith("✅") and len(json.loads(tree_json)) == 8
+        assert msg.startswith("✓") and len(json.loads(tree_json)) == 8
         bad = c.predict("", "mc_sim_7b_63", "medusa", "greedy", 20, api_name="/generate")
         assert bad == {"error": "the prompt is empty"}
         again = c.predict("import os\n", "mc_sim_7b_63", "medusa", "greedy", 20, api_name="/generate")

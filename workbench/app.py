@@ -105,7 +105,7 @@ def build_app(wb: Workbench) -> gr.Blocks:
             for ev in wb.stream(prompt, tree_choice, editor_text, mode, accept, temperature, max_new):
                 if "error" in ev:
                     gr.Warning(ev["error"])
-                    yield (f"❌ {ev['error']}", gr.update(), gr.update(), gr.update(), gr.update(), gr.update(),
+                    yield (f"✗ {ev['error']}", gr.update(), gr.update(), gr.update(), gr.update(), gr.update(),
                            gr.update(), gr.update(), gr.update())
                     return
                 last = ev
@@ -119,7 +119,7 @@ def build_app(wb: Workbench) -> gr.Blocks:
                       [stats, out_html, traces_state, step, tree_plot, head_plot, node_table, run_plot, calib_plot],
                       concurrency_limit=1, concurrency_id=DECODE_GROUP, api_name="generate_stream")
         stop_btn.click(lambda: wb.stop_event.set(), None, None, queue=False)
-        step.release(lambda tr, s: step_view(tr, s), [traces_state, step], [tree_plot, head_plot, node_table])
+        step.input(lambda tr, s: step_view(tr, s), [traces_state, step], [tree_plot, head_plot, node_table])
 
         def api_generate(prompt: str, tree: str = trees.DEFAULT_TREE, mode: str = "medusa", accept: str = "greedy",
                          max_new_tokens: int = 64) -> dict:
@@ -188,7 +188,7 @@ def build_app(wb: Workbench) -> gr.Blocks:
                     same_all &= same
                     rows.append([i, round(res[0].mean_accepted, 3), round(res[1].mean_accepted, 3),
                                  round(res[0].tokens_per_s, 1), round(res[1].tokens_per_s, 1), same])
-            return rows, "greedy outputs identical on every prompt ✅" if same_all else "outputs differ ❌"
+            return rows, "greedy outputs identical on every prompt ✓" if same_all else "outputs differ ✗"
 
         cmp_btn.click(compare, [cmp_a, cmp_b, cmp_n, editor], [cmp_table, cmp_msg], concurrency_limit=1,
                       concurrency_id=DECODE_GROUP)

@@ -78,9 +78,9 @@ class Workbench:
         try:
             choices = self.parse_tree_text(text)
         except UserError as e:
-            return f"❌ {e}", None, text
+            return f"✗ {e}", None, text
         acc, n = self.head_accuracy()
-        msg = f"✅ valid: {len(choices)} nodes, depth {max((len(p) for p in choices), default=0)}"
+        msg = f"✓ valid: {len(choices)} nodes, depth {max((len(p) for p in choices), default=0)}"
         if acc:
             msg += f"; predicted {trees.expected_independent(choices, acc):.3f} tokens/step (from {n} logged steps)"
         return msg, figures.tree_figure(choices, acc), json.dumps(choices)
@@ -91,24 +91,24 @@ class Workbench:
             choices = [tuple(p) for p in self.parse_tree_text(text)]
             path = tuple(json.loads(path_text or "[]"))
         except (UserError, json.JSONDecodeError, TypeError) as e:
-            return text, f"❌ {e}"
+            return text, f"✗ {e}"
         if op == "add child":
             new = path + (int(rank),)
         elif op == "add sibling":
             if not path:
-                return text, "❌ the root has no siblings"
+                return text, "✗ the root has no siblings"
             new = path[:-1] + (int(rank),)
         elif op == "delete subtree":
             if not path:
-                return text, "❌ choose a node to delete, not the root"
+                return text, "✗ choose a node to delete, not the root"
             kept = [p for p in choices if p[: len(path)] != path]
             return json.dumps([list(p) for p in trees.sort_paths(kept)]), f"deleted {list(path)} and its subtree"
         else:
-            return text, f"❌ unknown edit {op!r}"
+            return text, f"✗ unknown edit {op!r}"
         try:
             out = trees.validate([list(p) for p in choices] + [list(new)], num_heads=self.engine.num_heads or None)
         except trees.TreeError as e:
-            return text, f"❌ {e}"
+            return text, f"✗ {e}"
         return json.dumps([list(p) for p in out]), f"added {list(new)}"
 
     def save_tree(self, name: str, text: str, overwrite: bool = False) -> tuple[str, str | None]:
@@ -116,7 +116,7 @@ class Workbench:
             choices = self.parse_tree_text(text)
             clean = safe_name(name)
         except UserError as e:
-            return f"❌ {e}", None
+            return f"✗ {e}", None
         acc, _ = self.head_accuracy()
         tf = trees.TreeFile(choices, num_heads=self.engine.num_heads or None, name=clean,
                             expected_accepted=round(trees.expected_independent(choices, acc), 4) if acc else None,
@@ -124,21 +124,21 @@ class Workbench:
         try:
             path = trees.save_tree(tf, self.tree_dir / f"{clean}.json", overwrite=overwrite)
         except FileExistsError:
-            return f"❌ a different tree is already saved as {clean!r}: tick overwrite or pick another name", None
-        return f"✅ saved as saved/{clean}", str(path)
+            return f"✗ a different tree is already saved as {clean!r}: tick overwrite or pick another name", None
+        return f"✓ saved as saved/{clean}", str(path)
 
     def export_tree(self, text: str, fmt: str) -> str:
         try:
             choices = self.parse_tree_text(text)
         except UserError as e:
-            return f"❌ {e}"
+            return f"✗ {e}"
         return {"trtllm": trees.to_trtllm, "vllm": trees.to_vllm}[fmt](choices)
 
     def diff_trees(self, a: str, b: str, editor_text: str) -> str:
         try:
             ta, tb = self.resolve_choice(a, editor_text), self.resolve_choice(b, editor_text)
         except (UserError, trees.TreeError) as e:
-            return f"❌ {e}"
+            return f"✗ {e}"
         acc, _ = self.head_accuracy()
         d = trees.diff(ta, tb, acc)
         delta = f", ΔE = {d.delta_expected:+.3f}" if d.delta_expected is not None else ""
@@ -194,10 +194,10 @@ class Workbench:
         """-> (tree JSON, message)."""
         vec = [v for run in trees.split_runs(self.all_traces) for v in trees.rank_vectors(run)]
         if not vec:
-            return "", "❌ no logged steps yet: decode something or collect traces in the Tune tab first"
+            return "", "✗ no logged steps yet: decode something or collect traces in the Tune tab first"
         nodes = int(nodes)
         if not 1 <= nodes <= 256:
-            return "", f"❌ nodes must be between 1 and 256, got {nodes}"
+            return "", f"✗ nodes must be between 1 and 256, got {nodes}"
         if estimator == "empirical":
             t = trees.best_tree_empirical(vec, nodes, max_depth=self.engine.num_heads)
             e = trees.expected_empirical(t, vec)
@@ -205,7 +205,7 @@ class Workbench:
             acc = trees.head_stats(vec, self.engine.num_heads).accuracy()
             t = trees.best_tree_independent(acc, nodes)
             e = trees.expected_independent(t, acc)
-        return json.dumps(t), f"✅ {len(t)} nodes, estimated {e:.3f} tokens/step ({estimator}, {len(vec)} steps)"
+        return json.dumps(t), f"✓ {len(t)} nodes, estimated {e:.3f} tokens/step ({estimator}, {len(vec)} steps)"
 
 
 def safe_name(name: str) -> str:
