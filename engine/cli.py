@@ -53,6 +53,33 @@ def _train_base(a) -> int:
     return 0
 
 
+def _inspect(a) -> int:
+    from .convert import inspect
+
+    info = inspect(a.path, a.model)
+    if a.json:
+        print(json.dumps(info))
+        return 0
+    for section in ("base", "heads"):
+        if info.get(section):
+            print(f"{section}:")
+            for k, v in info[section].items():
+                print(f"  {k}: {v}")
+    for problem in info.get("mismatch", []):
+        print(f"mismatch: {problem}")
+    if info.get("note"):
+        print(info["note"])
+    return 1 if info.get("mismatch") else 0
+
+
+def _convert(a) -> int:
+    from .convert import convert
+
+    print(json.dumps(convert(a.src, a.to, a.out, model=a.model, dtype=a.dtype, allow_lossy=a.allow_lossy, tp=a.tp,
+                             data=a.data)))
+    return 0
+
+
 def _collect(a) -> int:
     from . import load
     from .prompts import heldout_prompts
@@ -136,6 +163,25 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--device", default=None)
     k.add_argument("--out", required=True)
     k.set_defaults(fn=_collect)
+
+    i = sub.add_parser("inspect", help="what a model directory, heads file or Medusa-2 checkpoint holds")
+    i.add_argument("path")
+    i.add_argument("--model", default=None, help="check the heads against this base model")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(fn=_inspect)
+
+    from .convert import TARGETS
+
+    v = sub.add_parser("convert-heads", help="convert Medusa heads between formats (safetensors only)")
+    v.add_argument("src")
+    v.add_argument("--to", required=True, choices=TARGETS)
+    v.add_argument("--out", required=True)
+    v.add_argument("--model", default=None, help="base model (needed to add or drop projections, and for medusa2)")
+    v.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
+    v.add_argument("--allow-lossy", action="store_true")
+    v.add_argument("--data", default=None, help="held-out data: report top-1 before/after a lossy conversion")
+    v.add_argument("--tp", type=int, default=1, help="write per-rank tensor-parallel shards")
+    v.set_defaults(fn=_convert)
 
     from .bench import add_bench_args
 
