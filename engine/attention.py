@@ -2,8 +2,8 @@
 
 q [B, Hq, T, D] are the block's queries; k, v [B, Hkv, S, D] hold the committed prefix in slots
 [0, start) and the block itself in [start, start+T). Query i sees every prefix slot and the block
-slots j where block_mask[i, j] (None = causal). Backends plug in here; today there is `sdpa`
-(the reference, any device).
+slots j where block_mask[i, j] (None = causal). Backends: `sdpa` (the reference, any device) and
+`triton` (our tree-masked split-KV flash-decoding kernel, CUDA; engine/kernels/tree_attention.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("sdpa",)
+BACKENDS = ("sdpa", "triton")
 
 
 def full_mask(start: int, block_mask: torch.Tensor | None, t: int, device, groups: int = 1) -> torch.Tensor:
@@ -45,6 +45,12 @@ def sdpa_attention(q, k, v, start: int, block_mask: torch.Tensor | None, mask: t
 
 def attention(q, k, v, start: int, block_mask: torch.Tensor | None, backend: str = "sdpa",
               dense_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """dense_mask: what the backend precomputed once per forward (SDPA: the full bool mask;
+    triton: the block's packed ancestor bits)."""
     if backend == "sdpa":
         return sdpa_attention(q, k, v, start, block_mask, dense_mask)
+    if backend == "triton":
+        from .kernels.tree_attention import tree_attention
+
+        return tree_attention(q, k, v, start, block_mask, mask_bits=dense_mask)
     raise ValueError(f"unknown attention backend {backend!r}; choose from {', '.join(BACKENDS)}")

@@ -4,6 +4,9 @@ Parts:
   e2e      tokens/s and tokens/step of AR and Medusa (each --trees entry) on held-out prompts, with
            the check that greedy Medusa output equals AR output on every prompt
   latency  mean tree-step latency for best-first trees of several sizes (feeds `trees optimize --latency`)
+  attention  (CUDA) our Triton tree kernel vs SDPA with a dense mask vs compiled flex_attention, for
+           T in {1, 16, 64} x prefix L in {512, 4096, 32768}, 32 query heads, D 128, MHA and GQA 4:1,
+           each against the KV-read floor (K and V bytes over measured copy bandwidth)
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ import time
 
 
 def add_bench_args(p) -> None:
-    p.add_argument("--part", choices=["e2e", "latency"], default="e2e")
+    p.add_argument("--part", choices=["e2e", "latency", "attention"], default="e2e")
+    p.add_argument("--markdown", action="store_true", help="attention part: also print a markdown table")
     p.add_argument("--model", default="demo")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
+    p.add_argument("--backend", default="sdpa", choices=["sdpa", "triton"])
     p.add_argument("--prompts", type=int, default=12, help="number of held-out prompts")
     p.add_argument("--offset", type=int, default=12, help="skip this many held-out prompts (kept for tuning)")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -83,15 +88,96 @@ def run_latency(eng, prompts, sizes, traces) -> dict:
             + [[c["nodes"] + 1, c["step_ms"]] for c in curve]}
 
 
+def copy_bandwidth(nbytes: int = 2 << 30) -> float:
+    """Measured device-to-device copy bandwidth in bytes/s (bytes read + bytes written)."""
+    import torch
+    import triton
+
+    x = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=50, rep=200, return_mode="median")
+    return 2 * x.numel() / (ms * 1e-3)
+
+
+def run_attention(markdown: bool) -> dict:
+    import torch
+    import triton
+
+    import trees
+
+    from .attention import full_mask, sdpa_attention
+    from .kernels.tree_attention import tree_attention
+
+    bw = copy_bandwidth()
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        flex = torch.compile(flex_attention, dynamic=False)
+    except Exception:  # flex_attention missing in this torch
+        flex = None
+    rows = []
+    hq, d, dt = 32, 128, torch.bfloat16
+    for hkv in (32, 8):
+        for t in (1, 16, 64):
+            tree = [list(p) for p in trees.kary(4, 3)][: t - 1]
+            buf = trees.buffers(tree)
+            mask = buf.attn_mask.cuda()
+            bits = buf.mask_bits.cuda()
+            for L in (512, 4096, 32768):
+                q = torch.randn(1, hq, t, d, device="cuda", dtype=dt)
+                k = torch.randn(1, hkv, L + t, d, device="cuda", dtype=dt)
+                v = torch.randn_like(k)
+                kv_bytes = 2 * hkv * (L + t) * d * 2
+                floor_us = kv_bytes / bw * 1e6
+                ours = triton.testing.do_bench(lambda: tree_attention(q, k, v, L, mask, mask_bits=bits),
+                                               warmup=25, rep=100, return_mode="median") * 1e3
+                dense = full_mask(L, mask, t, q.device, hq // hkv)
+                sdpa = triton.testing.do_bench(lambda: sdpa_attention(q, k, v, L, mask, dense),
+                                               warmup=25, rep=100, return_mode="median") * 1e3
+                row = {"kv_heads": hkv, "T": t, "L": L, "ours_us": round(ours, 2), "sdpa_dense_us": round(sdpa, 2),
+                       "floor_us": round(floor_us, 2), "ours_over_floor": round(ours / floor_us, 2),
+                       "sdpa_over_ours": round(sdpa / ours, 2)}
+                if flex is not None:
+                    try:
+                        def mask_mod(b, h, qi, kj):
+                            col = kj - L
+                            return (kj < L) | mask[qi, col.clamp(0, t - 1)]
+
+                        bm = create_block_mask(mask_mod, 1, 1, t, L + t, device="cuda")
+                        fx = triton.testing.do_bench(lambda: flex(q, k, v, block_mask=bm, enable_gqa=hkv != hq),
+                                                     warmup=25, rep=100, return_mode="median") * 1e3
+                        row["flex_us"] = round(fx, 2)
+                    except Exception as e:  # report, do not hide, why flex could not run
+                        row["flex_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                rows.append(row)
+    out = {"copy_bandwidth_GBps": round(bw / 1e9, 1), "rows": rows}
+    if markdown:
+        lines = ["| KV heads | T | L | ours µs | SDPA dense µs | flex µs | floor µs | ours/floor | SDPA/ours |",
+                 "|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r['kv_heads']} | {r['T']} | {r['L']} | {r['ours_us']} | {r['sdpa_dense_us']} | "
+                         f"{r.get('flex_us', '–')} | {r['floor_us']} | {r['ours_over_floor']} | {r['sdpa_over_ours']} |")
+        out["markdown"] = "\n".join(lines)
+    return out
+
+
 def run_bench(a) -> int:
     import torch
+
+    if a.part == "attention":
+        res = {"part": "attention", "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(),
+               "torch": torch.__version__, **run_attention(a.markdown)}
+        print(json.dumps(res))
+        if a.markdown:
+            print(res["markdown"])
+        return 0
 
     from . import load
     from .prompts import heldout_prompts
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    eng = load(a.model, device=a.device, dtype=a.dtype)
+    eng = load(a.model, device=a.device, dtype=a.dtype, backend=a.backend)
     prompts = heldout_prompts(a.offset + a.prompts)[a.offset:]
     result = {"part": a.part, "model": a.model, **_env(eng), "prompts": len(prompts), "max_new_tokens": a.max_new_tokens}
     if a.part == "e2e":

@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", default=None)
     g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     g.add_argument("--max-seq-len", type=int, default=None)
-    g.add_argument("--backend", default="sdpa", choices=["sdpa"])
+    g.add_argument("--backend", default="sdpa", choices=["sdpa", "triton"])
     g.add_argument("--trace", default=None, metavar="FILE.jsonl", help="write one JSON line per step")
     g.add_argument("--json", action="store_true")
     g.set_defaults(fn=_generate)

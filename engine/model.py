@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trees import pack_mask_bits
+
 from .attention import attention, full_mask
 from .config import ModelArgs, rope_inv_freq
 
@@ -144,10 +146,14 @@ class Transformer(nn.Module):
             positions = positions[None].expand(tokens.shape[0], -1)
         cos, sin = self.rope(positions, x.dtype)
         cache = self.cache if use_cache else None
-        dense = None  # the SDPA mask is the same in every layer: build it once per forward
+        dense = None  # the mask is the same in every layer: build it once per forward
         if cache is not None and self.backend == "sdpa" and (start > 0 or block_mask is not None):
             a = self.args
             dense = full_mask(start, block_mask, tokens.shape[1], x.device, a.n_heads // a.n_kv_heads)
+        elif cache is not None and self.backend == "triton":
+            t = tokens.shape[1]
+            bm = block_mask if block_mask is not None else torch.ones(t, t, dtype=torch.bool).tril()
+            dense = pack_mask_bits(bm.cpu()).to(x.device)
         for i, layer in enumerate(self.layers):
             h = layer.input_layernorm(x)
             x = x + layer.self_attn(h, cos, sin, cache, i, start, block_mask, self.backend, dense)
