@@ -40,7 +40,7 @@ def sdpa_attention(q, k, v, start: int, block_mask: torch.Tensor | None, mask: t
     if mask.shape[0] == t:
         mask = mask.repeat(g, 1)
     out = F.scaled_dot_product_attention(q.reshape(b, hkv, g * t, d), k, v, attn_mask=mask)
-    return out.view(b, hq, t, d)
+    return out.reshape(b, hq, t, d)
 
 
 def attention(q, k, v, start: int, block_mask: torch.Tensor | None, backend: str = "sdpa",

@@ -112,6 +112,10 @@ def run_attention(markdown: bool) -> dict:
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+        import torch._dynamo
+
+        torch._dynamo.config.recompile_limit = 256  # one compile per shape; the default 8 falls back to eager
+        torch._dynamo.config.cache_size_limit = 256
         flex = torch.compile(flex_attention, dynamic=False)
     except Exception:  # flex_attention missing in this torch
         flex = None
