@@ -110,9 +110,8 @@ def run_attention(markdown: bool) -> dict:
 
     bw = copy_bandwidth()
     try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
         import torch._dynamo
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         torch._dynamo.config.recompile_limit = 256  # one compile per shape; the default 8 falls back to eager
         torch._dynamo.config.cache_size_limit = 256
