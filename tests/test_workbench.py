@@ -128,6 +128,8 @@ def test_tune_collect_and_optimise(wb):
     tree_json, msg = wb.optimize_tree(12)
     assert msg.startswith("✓") and len(json.loads(tree_json)) == 12
     assert wb.optimize_tree(0)[1].startswith("✗")
+    msg = wb.confirm_tree(tree_json, 2, 32)
+    assert "predicted" in msg and "measured" in msg and "12 nodes" in msg
 
 
 def test_app_over_gradio_client(wb):

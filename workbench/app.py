@@ -88,6 +88,8 @@ def build_app(wb: Workbench) -> gr.Blocks:
                 opt_est = gr.Radio(["empirical", "independent"], value="empirical", label="estimator")
                 opt_btn = gr.Button("Optimise → editor", variant="primary")
             opt_msg = gr.Markdown()
+            confirm_btn = gr.Button("Confirm the editor's tree (real run on the same prompts)")
+            confirm_msg = gr.Markdown()
             acc_plot = gr.Plot(label="head accuracy")
         with gr.Tab("Compare"):
             with gr.Row():
@@ -171,6 +173,8 @@ def build_app(wb: Workbench) -> gr.Blocks:
             return (tree_json or gr.update()), msg
 
         opt_btn.click(optimise, [opt_nodes, opt_est], [editor, opt_msg], api_name="optimize_tree")
+        confirm_btn.click(lambda t, n, k: wb.confirm_tree(t, n, k), [editor, n_prompts, tune_tokens], confirm_msg,
+                          concurrency_limit=1, concurrency_id=DECODE_GROUP)
 
         def compare(a, b, n, editor_text):
             from engine.prompts import heldout_prompts

@@ -208,6 +208,23 @@ class Workbench:
         return json.dumps(t), f"✓ {len(t)} nodes, estimated {e:.3f} tokens/step ({estimator}, {len(vec)} steps)"
 
 
+    def confirm_tree(self, text: str, n_prompts: int, max_new_tokens: int) -> str:
+        """Tune: predicted tokens/step (from the traces so far) against a real greedy run of the tree."""
+        try:
+            choices = self.parse_tree_text(text)
+        except UserError as e:
+            return f"✗ {e}"
+        vec = [v for run in trees.split_runs(self.all_traces) for v in trees.rank_vectors(run)]
+        predicted = trees.expected_empirical(choices, vec) if vec else None
+        tokens = steps = 0
+        with self.lock:
+            for p in heldout_prompts(int(n_prompts)):
+                res = self.engine.generate(p, int(max_new_tokens), mode="medusa", tree=choices)
+                tokens, steps = tokens + res.new_tokens, steps + res.steps
+        pred = f"predicted {predicted:.3f}" if predicted is not None else "no prediction (no traces yet)"
+        return f"{len(choices)} nodes: {pred}, measured {tokens / steps:.3f} tokens/step over {steps} steps"
+
+
 def safe_name(name: str) -> str:
     """A file stem with no path parts: letters, digits, '-', '_' and '.', not starting with '.'."""
     clean = re.sub(r"[^A-Za-z0-9._-]+", "_", (name or "").strip()).strip("._")[:64]
