@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file
 
 from .config import ModelArgs, ModelLoadError, rope_inv_freq
@@ -153,8 +152,3 @@ def load_heads(source: str | os.PathLike | dict, args: ModelArgs, device, dtype,
         where = str(path)
     heads = heads_from_state_dict(sd, args.dim, args.vocab_size, where)
     return heads.to(device=device, dtype=dtype).eval()
-
-
-def safetensors_metadata(path: Path) -> dict[str, str]:
-    with safe_open(str(path), framework="pt") as f:
-        return dict(f.metadata() or {})
