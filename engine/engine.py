@@ -86,6 +86,7 @@ class Engine:
         if self.args.sliding_window:
             context = min(context, self.args.sliding_window)  # beyond the window our attention would differ
         self.max_seq_len = min(max_seq_len or context, context)
+        self.topk = min(10, self.args.vocab_size)  # candidates per head (a tiny vocabulary has fewer)
         eos = set(self.args.eos_token_ids)
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
@@ -131,7 +132,7 @@ class Engine:
         if self.heads is None:
             raise GenerationError("mode 'medusa' needs Medusa heads; this engine was loaded without any")
         try:
-            return trees.resolve(tree, num_heads=self.num_heads)
+            return trees.resolve(tree, topk=self.topk, num_heads=self.num_heads)
         except trees.TreeError as e:
             raise GenerationError(f"bad tree: {e}") from None
 
@@ -170,7 +171,7 @@ class Engine:
                 f"prompt of {len(ids)} tokens + max_new_tokens {max_new_tokens} = {len(ids) + max_new_tokens} "
                 f"exceeds the context of {self.max_seq_len} tokens"
             )
-        buf = trees.buffers(choices).to(self.device) if choices else None
+        buf = trees.buffers(choices, topk=self.topk).to(self.device) if choices else None
         tree_nodes = buf.num_nodes if buf is not None else 1
         try:
             self.model.setup_cache(1, self.max_seq_len + tree_nodes)
@@ -227,7 +228,7 @@ class Engine:
             record = None
             if want_trace:
                 parent = buf.parent.tolist() if mode == "medusa" else [-1]
-                record = step_trace(step, prefix_len, choices or [], res, parent, 10, ms, self.decode_token)
+                record = step_trace(step, prefix_len, choices or [], res, parent, self.topk, ms, self.decode_token)
                 if writer:
                     writer.write(record)
             text = self.text_of(produced)
