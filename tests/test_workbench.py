@@ -148,6 +148,8 @@ def test_app_over_gradio_client(wb):
         assert "prefix [1] is missing" in msg
         tree_json, msg = c.predict(8, "empirical", api_name="/optimize_tree")
         assert msg.startswith("✓") and len(json.loads(tree_json)) == 8
+        as_json = c.predict("import os\n", "[[0], [0, 0]]", "medusa", "greedy", 20, api_name="/generate")
+        assert as_json["token_ids"] == out["token_ids"]  # a tree given as JSON: same greedy output
         bad = c.predict("", "mc_sim_7b_63", "medusa", "greedy", 20, api_name="/generate")
         assert bad == {"error": "the prompt is empty"}
         again = c.predict("import os\n", "mc_sim_7b_63", "medusa", "greedy", 20, api_name="/generate")

@@ -126,10 +126,10 @@ def build_app(wb: Workbench) -> gr.Blocks:
         def api_generate(prompt: str, tree: str = trees.DEFAULT_TREE, mode: str = "medusa", accept: str = "greedy",
                          max_new_tokens: int = 64) -> dict:
             """Whole generation as JSON (for gradio_client)."""
-            text_tree = tree if tree.strip().startswith("[") or tree.strip().startswith("{") else json.dumps([])
-            choice = EDITOR if text_tree != "[]" else tree
+            # `tree` is a preset / saved name, or tree JSON (then it goes through the editor's parser)
+            choice, text = (EDITOR, tree) if tree.strip().startswith(("[", "{")) else (tree, "")
             last = None
-            for ev in wb.stream(prompt, choice, text_tree, mode, accept, 0.7, max_new_tokens):
+            for ev in wb.stream(prompt, choice, text, mode, accept, 0.7, max_new_tokens):
                 if "error" in ev:
                     return {"error": ev["error"]}
                 last = ev
