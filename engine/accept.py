@@ -21,17 +21,26 @@ def _paths(retrieve: torch.Tensor, node_tokens: torch.Tensor):
     return cand, parent, present
 
 
-def verify_greedy(retrieve: torch.Tensor, node_tokens: torch.Tensor, logits: torch.Tensor) -> tuple[int, int]:
-    """Keep the longest path whose every node is the target's argmax at its parent (first on ties).
+def verify_greedy_batch(retrieve: torch.Tensor, node_tokens: torch.Tensor, logits: torch.Tensor):
+    """Per request, keep the longest path whose every node is the target's argmax at its parent
+    (the first such path on ties). node_tokens [B, T], logits [B, T, V] -> rows [B], lengths [B].
 
     Under greedy decoding this reproduces plain autoregressive output exactly.
     """
-    target = logits.argmax(-1)  # [T]
-    cand, parent, present = _paths(retrieve, node_tokens)
-    ok = (cand == target[parent]) & present
-    lengths = ok.long().cumprod(1).sum(1)
-    row = int(lengths.argmax())  # torch.argmax returns the first maximum
-    return row, int(lengths[row])
+    target = logits.argmax(-1)  # [B, T]
+    safe = retrieve.clamp(min=0)
+    cand = node_tokens[:, safe[:, 1:]]  # [B, P, D]
+    judge = target[:, safe[:, :-1]]  # [B, P, D] the parent's argmax
+    ok = (cand == judge) & (retrieve[:, 1:] >= 0)
+    lengths = ok.long().cumprod(-1).sum(-1)  # [B, P]
+    rows = lengths.argmax(-1)  # torch.argmax returns the first maximum
+    return rows, lengths.gather(1, rows[:, None])[:, 0]
+
+
+def verify_greedy(retrieve: torch.Tensor, node_tokens: torch.Tensor, logits: torch.Tensor) -> tuple[int, int]:
+    """One request: node_tokens [T], logits [T, V] -> (row, length)."""
+    rows, lengths = verify_greedy_batch(retrieve, node_tokens[None], logits[None])
+    return int(rows[0]), int(lengths[0])
 
 
 def typical_threshold(probs: torch.Tensor, epsilon: float, delta: float) -> torch.Tensor:

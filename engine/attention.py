@@ -24,10 +24,34 @@ def full_mask(start: int, block_mask: torch.Tensor | None, t: int, device, group
     return mask.repeat(groups, 1) if groups > 1 else mask
 
 
+def batch_mask(starts: torch.Tensor, block_mask: torch.Tensor | None, t: int, span: int, groups: int = 1) -> torch.Tensor:
+    """[B, 1, groups*T, span] bool for per-request lengths: request r's query i sees slots j < starts[r]
+    and block slots starts[r] + m where block_mask[i, m]; every other slot (another request's
+    longer prefix, stale tree nodes) is hidden."""
+    dev = starts.device
+    if block_mask is None:
+        block_mask = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
+    rel = torch.arange(span, device=dev)[None, :] - starts[:, None]  # [B, span] slot offset into the block
+    in_block = (rel >= 0) & (rel < t)
+    tree = block_mask.to(dev)[:, rel.clamp(0, t - 1)].transpose(0, 1)  # [B, T, span]
+    mask = (rel < 0)[:, None, :] | (in_block[:, None, :] & tree)
+    if groups > 1:
+        mask = mask.repeat(1, groups, 1)
+    return mask[:, None]
+
+
 def sdpa_attention(q, k, v, start: int, block_mask: torch.Tensor | None, mask: torch.Tensor | None = None):
-    """mask: the [T, start+T] full mask when the caller built it once for all layers."""
+    """mask: the [T, start+T] full mask when the caller built it once for all layers. With
+    per-request `start` [B], k/v are already cut to the span and mask is `batch_mask(...)`."""
     b, hq, t, d = q.shape
     hkv = k.shape[1]
+    if isinstance(start, torch.Tensor):
+        if mask is None:
+            mask = batch_mask(start, block_mask, t, k.shape[2], hq // hkv)
+        if hq == hkv:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = F.scaled_dot_product_attention(q.reshape(b, hkv, (hq // hkv) * t, d), k, v, attn_mask=mask)
+        return out.reshape(b, hq, t, d)
     k, v = k[:, :, : start + t], v[:, :, : start + t]
     if hq == hkv and block_mask is None and start == 0:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)

@@ -3,6 +3,9 @@
 Parts:
   e2e      tokens/s and tokens/step of AR and Medusa (each --trees entry) on held-out prompts, with
            the check that greedy Medusa output equals AR output on every prompt
+  batch    tokens/s of AR and Medusa at batch 1, 2, 4, 8 with best-first trees of several sizes per
+           batch (the tree should shrink as the batch grows: verification competes with the batch
+           for the same compute), the best tree per batch and where Medusa stops beating AR
   latency  mean tree-step latency for best-first trees of several sizes (feeds `trees optimize --latency`)
   attention  (CUDA) our Triton tree kernel vs SDPA with a dense mask vs compiled flex_attention, for
            T in {1, 16, 64} x prefix L in {512, 4096, 32768}, 32 query heads, D 128, MHA and GQA 4:1,
@@ -17,7 +20,8 @@ import time
 
 
 def add_bench_args(p) -> None:
-    p.add_argument("--part", choices=["e2e", "latency", "attention"], default="e2e")
+    p.add_argument("--part", choices=["e2e", "batch", "latency", "attention"], default="e2e")
+    p.add_argument("--batches", default="1,2,4,8", help="batch part: batch sizes")
     p.add_argument("--markdown", action="store_true", help="attention part: also print a markdown table")
     p.add_argument("--model", default="demo")
     p.add_argument("--device", default=None)
@@ -86,6 +90,39 @@ def run_latency(eng, prompts, sizes, traces) -> dict:
     return {"ar_step_ms": round(sum(t["step_ms"] for t in ar.traces) / ar.steps, 3), "curve": curve,
             "latency_points": [[1, round(sum(t["step_ms"] for t in ar.traces) / ar.steps, 3)]]
             + [[c["nodes"] + 1, c["step_ms"]] for c in curve]}
+
+
+def run_batch(eng, prompts, max_new, batches, sizes, traces) -> dict:
+    import trees
+
+    vec = trees.rank_vectors_from_file(traces) if traces else None
+    tree_of = {n: trees.best_tree_empirical(vec, n) if vec else trees.chain(min(n, eng.num_heads)) for n in sizes}
+
+    def run(batch, mode, tree=None):
+        group = [prompts[i % len(prompts)] for i in range(batch)]
+        eng.generate(group, 8, mode=mode, tree=tree)  # warm-up at this shape
+        t0 = time.perf_counter()
+        res = eng.generate(group, max_new, mode=mode, tree=tree)
+        wall = time.perf_counter() - t0
+        tokens, steps = sum(r.new_tokens for r in res), max(r.steps for r in res)
+        return {"tokens": tokens, "steps": steps, "tokens_per_s": round(tokens / wall, 2),
+                "tokens_per_step_per_request": round(tokens / sum(r.steps for r in res), 3)}, [r.token_ids for r in res]
+
+    rows = []
+    for b in batches:
+        ar, ar_out = run(b, "ar")
+        row = {"batch": b, "ar": ar, "medusa": {}}
+        for n, tree in tree_of.items():
+            m, m_out = run(b, "medusa", tree)
+            m["speedup_vs_ar"] = round(m["tokens_per_s"] / ar["tokens_per_s"], 3)
+            m["greedy_output_equals_ar"] = m_out == ar_out
+            row["medusa"][str(n)] = m
+        best = max(row["medusa"], key=lambda k: row["medusa"][k]["tokens_per_s"])
+        row["best_nodes"], row["best_speedup"] = int(best), row["medusa"][best]["speedup_vs_ar"]
+        rows.append(row)
+    crossover = next((r["batch"] for r in rows if r["best_speedup"] < 1.0), None)
+    return {"trees": {str(n): t for n, t in tree_of.items()}, "rows": rows,
+            "first_batch_where_ar_wins": crossover}
 
 
 def copy_bandwidth(nbytes: int = 2 << 30) -> float:
@@ -185,6 +222,9 @@ def run_bench(a) -> int:
     result = {"part": a.part, "model": a.model, **_env(eng), "prompts": len(prompts), "max_new_tokens": a.max_new_tokens}
     if a.part == "e2e":
         result.update(run_e2e(eng, prompts, a.max_new_tokens, [t for t in a.trees.split(",") if t]))
+    elif a.part == "batch":
+        result.update(run_batch(eng, prompts, a.max_new_tokens, [int(b) for b in a.batches.split(",")],
+                                [int(s) for s in a.sizes.split(",")], a.traces))
     else:
         result.update(run_latency(eng, prompts[:4], [int(s) for s in a.sizes.split(",")], a.traces))
     print(json.dumps(result))

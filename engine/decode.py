@@ -1,10 +1,12 @@
-"""Decode loops over our Transformer: prefill, autoregressive steps and Medusa tree steps.
+"""Decode loops over our Transformer: prefill, autoregressive steps and Medusa tree steps, batched.
 
-Every step commits `[root] + accepted tree tokens` and decides the next step's root from the
-target's distribution at the last committed token, so AR and Medusa share one shape:
+Every step commits `[root] + accepted tree tokens` for each request and decides the next step's
+root from the target's distribution at the last committed token, so AR and Medusa share one shape:
   AR:     root -> forward(root) -> next root
   Medusa: root + heads' top-k -> forward(tree) -> verify -> compact K/V -> next root
-There is exactly one base-model forward per step.
+There is exactly one base-model forward per step for the whole batch. Requests keep their own
+lengths in the static cache (a [B] device tensor plus its host mirror), accept their own paths and
+compact their own K/V; a batch of one is the single-request case, not a separate code path.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 
 from trees import TreeBuffers
 
-from .accept import verify_greedy, verify_typical
+from .accept import verify_greedy_batch, verify_typical
 from .heads import MedusaHeads
 from .model import Transformer
 from .sampling import SamplingParams, sample, target_probs
@@ -23,9 +25,18 @@ from .sampling import SamplingParams, sample, target_probs
 
 @dataclass
 class DecodeState:
-    prefix_len: int  # slots of the KV cache that hold committed tokens
-    root: torch.Tensor  # [] long: the next token, already decided
-    head_logits: torch.Tensor | None  # [K, V] the heads' view from the last committed token
+    lengths: torch.Tensor  # [B] long: cache slots holding each request's committed tokens
+    host_lengths: list[int]  # the same on the host (bounds the attention span without a sync)
+    root: torch.Tensor  # [B] long: each request's next token, already decided
+    head_logits: torch.Tensor | None  # [B, K, V] the heads' view from the last committed token
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only these requests (finished ones leave the batch)."""
+        idx = torch.tensor(rows, device=self.root.device)
+        self.lengths, self.root = self.lengths[idx], self.root[idx]
+        self.host_lengths = [self.host_lengths[r] for r in rows]
+        if self.head_logits is not None:
+            self.head_logits = self.head_logits[idx]
 
 
 @dataclass
@@ -38,38 +49,55 @@ class StepResult:
 
 
 def choose_next(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> torch.Tensor:
+    """[B, V] -> [B] next tokens."""
     if params.greedy:
         return logits.argmax(-1)
     return sample(target_probs(logits, params), gen)
 
 
-@torch.inference_mode()
-def prefill(model: Transformer, heads: MedusaHeads | None, ids: torch.Tensor, params, gen) -> DecodeState:
-    positions = torch.arange(ids.shape[0], device=ids.device)
-    hidden = model(ids[None], positions, start=0, block_mask=None)[0, -1:]
-    logits = model.lm_head(hidden)[0].float()
-    head_logits = heads(hidden, model.lm_head.weight)[:, 0].float() if heads is not None else None
-    return DecodeState(ids.shape[0], choose_next(logits, params, gen), head_logits)
+def _head_logits(heads: MedusaHeads | None, model: Transformer, hidden: torch.Tensor) -> torch.Tensor | None:
+    """[B, d] -> [B, K, V]."""
+    if heads is None:
+        return None
+    return heads(hidden, model.lm_head.weight).transpose(0, 1).float()
 
 
 @torch.inference_mode()
-def ar_step(model: Transformer, heads: MedusaHeads | None, state: DecodeState, params, gen) -> StepResult:
+def prefill(model: Transformer, heads: MedusaHeads | None, prompts: list[list[int]], params, gen) -> DecodeState:
+    """All prompts in one forward, right-padded: a real token only attends to earlier real tokens of
+    its own row, and pad slots are past the row's length, so later steps never see them."""
+    dev = model.embed_tokens.weight.device
+    lens = [len(p) for p in prompts]
+    ids = torch.zeros(len(prompts), max(lens), dtype=torch.long, device=dev)
+    for r, p in enumerate(prompts):
+        ids[r, : len(p)] = torch.tensor(p, device=dev)
+    positions = torch.arange(ids.shape[1], device=dev)
+    hidden = model(ids, positions, start=0, block_mask=None)
+    lengths = torch.tensor(lens, device=dev)
+    last = hidden[torch.arange(len(prompts), device=dev), lengths - 1]  # [B, d]
+    logits = model.lm_head(last).float()
+    return DecodeState(lengths, lens, choose_next(logits, params, gen), _head_logits(heads, model, last))
+
+
+@torch.inference_mode()
+def ar_step(model: Transformer, heads: MedusaHeads | None, state: DecodeState, params, gen) -> list[StepResult]:
     root = state.root
-    pos = torch.tensor([state.prefix_len], device=root.device)
-    hidden = model(root.view(1, 1), pos, start=state.prefix_len, block_mask=None)[0]
-    logits = model.lm_head(hidden)[0].float()
+    hidden = model(root[:, None], state.lengths[:, None], start=state.lengths, block_mask=None,
+                   span=max(state.host_lengths) + 1)[:, 0]
+    logits = model.lm_head(hidden).float()  # [B, V]
     # the heads only run when asked for (traces of AR runs feed head statistics)
-    state.head_logits = heads(hidden, model.lm_head.weight)[:, 0].float() if heads is not None else None
-    state.prefix_len += 1
+    state.head_logits = _head_logits(heads, model, hidden)
+    state.lengths = state.lengths + 1
+    state.host_lengths = [n + 1 for n in state.host_lengths]
     state.root = choose_next(logits, params, gen)
-    return StepResult([int(root)], [0], node_logits=logits[None])
+    return [StepResult([t], [0], node_logits=logits[r : r + 1]) for r, t in enumerate(root.tolist())]
 
 
 def draft(state: DecodeState, buf: TreeBuffers) -> torch.Tensor:
-    """Candidate tokens of every tree node: flat = [root, head0 top-k, head1 top-k, ...]."""
-    top = state.head_logits.topk(buf.topk, dim=-1).indices  # [K, topk]
-    flat = torch.cat((state.root.view(1), top.flatten()))
-    return flat[buf.tree_indices]
+    """[B, T] candidate tokens of every tree node: flat = [root, head0 top-k, head1 top-k, ...]."""
+    top = state.head_logits.topk(buf.topk, dim=-1).indices  # [B, K, topk]
+    flat = torch.cat((state.root[:, None], top.flatten(1)), dim=1)
+    return flat[:, buf.tree_indices]
 
 
 def verify_sample(buf: TreeBuffers, node_tokens: torch.Tensor, probs: torch.Tensor, gen) -> tuple[list[int], torch.Tensor]:
@@ -110,6 +138,38 @@ def verify_sample(buf: TreeBuffers, node_tokens: torch.Tensor, probs: torch.Tens
         path.append(nxt)
 
 
+def _accept(buf: TreeBuffers, node_tokens, logits, accept: str, params: SamplingParams, gen):
+    """-> nodes [B, D+1] (each row: the accepted path, padded by repeating its last node),
+    kept [B] (path lengths incl. the root) and next roots [B]."""
+    b = node_tokens.shape[0]
+    dev = node_tokens.device
+    if accept == "greedy" or (accept != "sample" and params.greedy):
+        rows, lengths = verify_greedy_batch(buf.retrieve_indices, node_tokens, logits)
+        paths = buf.retrieve_indices[rows]  # [B, D+1], -1 past each path's end
+        steps = torch.arange(paths.shape[1], device=dev)
+        nodes = paths.gather(1, torch.minimum(steps[None], lengths[:, None]))
+        last = nodes[:, -1]
+        return nodes, lengths + 1, logits[torch.arange(b, device=dev), last].argmax(-1)
+    depth = buf.retrieve_indices.shape[1]
+    nodes = torch.zeros(b, depth, dtype=torch.long, device=dev)
+    kept, roots = [], []
+    for r in range(b):
+        if accept == "typical":
+            row, length = verify_typical(buf.retrieve_indices, node_tokens[r], logits[r], params.temperature)
+            path = buf.retrieve_indices[row, : length + 1]
+            nxt = logits[r, path[-1]].argmax(-1)  # Medusa keeps the root greedy under typical acceptance
+        elif accept == "sample":
+            p, nxt = verify_sample(buf, node_tokens[r], target_probs(logits[r], params), gen)
+            path = torch.tensor(p, device=dev)
+        else:
+            raise ValueError(f"unknown acceptance {accept!r}")
+        nodes[r, : path.numel()] = path
+        nodes[r, path.numel():] = path[-1]
+        kept.append(path.numel())
+        roots.append(nxt)
+    return nodes, torch.tensor(kept, device=dev), torch.stack(roots)
+
+
 @torch.inference_mode()
 def tree_step(
     model: Transformer,
@@ -119,30 +179,27 @@ def tree_step(
     accept: str,
     params: SamplingParams,
     gen: torch.Generator | None,
-) -> StepResult:
-    start = state.prefix_len
+) -> list[StepResult]:
+    start = state.lengths
     head_logits = state.head_logits
-    node_tokens = draft(state, buf)
-    positions = start + buf.position_ids
-    hidden = model(node_tokens[None], positions, start=start, block_mask=buf.attn_mask)[0]  # [T, d]
-    logits = model.lm_head(hidden).float()  # [T, V]
-    if accept == "greedy" or (accept != "sample" and params.greedy):
-        row, length = verify_greedy(buf.retrieve_indices, node_tokens, logits)
-        nodes = buf.retrieve_indices[row, : length + 1]
-        next_root = logits[nodes[-1]].argmax(-1)
-    elif accept == "typical":
-        row, length = verify_typical(buf.retrieve_indices, node_tokens, logits, params.temperature)
-        nodes = buf.retrieve_indices[row, : length + 1]
-        next_root = logits[nodes[-1]].argmax(-1)  # Medusa keeps the root greedy under typical acceptance
-    elif accept == "sample":
-        path, next_root = verify_sample(buf, node_tokens, target_probs(logits, params), gen)
-        nodes = torch.tensor(path, device=node_tokens.device)
-    else:
-        raise ValueError(f"unknown acceptance {accept!r}")
-    kept = nodes.numel()
-    model.cache.compact(start + nodes, start + torch.arange(kept, device=nodes.device))
-    last = nodes[-1:]
-    state.head_logits = heads(hidden[last], model.lm_head.weight)[:, 0].float()
-    state.prefix_len = start + kept
+    node_tokens = draft(state, buf)  # [B, T]
+    positions = start[:, None] + buf.position_ids[None]
+    hidden = model(node_tokens, positions, start=start, block_mask=buf.attn_mask,
+                   span=max(state.host_lengths) + buf.num_nodes)  # [B, T, d]
+    logits = model.lm_head(hidden).float()  # [B, T, V]
+    nodes, kept, next_root = _accept(buf, node_tokens, logits, accept, params, gen)
+    # the accepted path's K/V move to the slots right after each request's prefix
+    steps = torch.arange(nodes.shape[1], device=nodes.device)
+    model.cache.compact(start[:, None] + nodes, start[:, None] + torch.minimum(steps[None], kept[:, None] - 1))
+    rows = torch.arange(nodes.shape[0], device=nodes.device)
+    last = nodes.gather(1, (kept - 1)[:, None])[:, 0]
+    state.head_logits = _head_logits(heads, model, hidden[rows, last])
+    state.lengths = start + kept
     state.root = next_root
-    return StepResult(node_tokens[nodes].tolist(), nodes.tolist(), node_tokens, logits, head_logits)
+    kept_host = kept.tolist()  # the one host sync of the step: what each request committed
+    state.host_lengths = [n + k for n, k in zip(state.host_lengths, kept_host)]
+    out = []
+    for r, k in enumerate(kept_host):
+        path = nodes[r, :k]
+        out.append(StepResult(node_tokens[r, path].tolist(), path.tolist(), node_tokens[r], logits[r], head_logits[r]))
+    return out

@@ -154,30 +154,40 @@ class Engine:
         trace_file: str | os.PathLike | None = None,
     ) -> Iterator[StepEvent]:
         """Yield one StepEvent per decoding step (the UI draws each as it arrives)."""
+        for events in self._steps([prompt_or_ids], max_new_tokens, mode, tree, accept, trace, temperature, top_k,
+                                  top_p, seed, chat, stop_on_eos, trace_file):
+            yield events[0][1]
+
+    def _steps(self, prompts, max_new, mode, tree, accept, trace, temperature, top_k, top_p, seed, chat, stop_on_eos,
+               trace_file) -> Iterator[list[tuple[int, StepEvent]]]:
+        """Validate everything, then decode all prompts as one batch: each step yields the event of
+        every request still running, as (request index, event); finished requests leave the batch."""
         if mode not in MODES:
             raise GenerationError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
         if accept not in ("greedy", "typical", "sample"):
             raise GenerationError(f"unknown acceptance {accept!r}; choose greedy, typical or sample")
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-            raise GenerationError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        if not isinstance(max_new, int) or isinstance(max_new, bool) or max_new < 1:
+            raise GenerationError(f"max_new_tokens must be a positive integer, got {max_new!r}")
         try:
             params = SamplingParams(0.0 if accept == "greedy" else float(temperature), int(top_k), float(top_p))
         except ValueError as e:
             raise GenerationError(str(e)) from None
         choices = self.resolve_tree(tree) if mode == "medusa" else None
-        ids = self.encode(prompt_or_ids, chat=chat)
-        if len(ids) + max_new_tokens > self.max_seq_len:
-            raise GenerationError(
-                f"prompt of {len(ids)} tokens + max_new_tokens {max_new_tokens} = {len(ids) + max_new_tokens} "
-                f"exceeds the context of {self.max_seq_len} tokens"
-            )
+        batch = [self.encode(p, chat=chat) for p in prompts]
+        for r, ids in enumerate(batch):
+            if len(ids) + max_new > self.max_seq_len:
+                which = f"prompt {r}" if len(batch) > 1 else "prompt"
+                raise GenerationError(
+                    f"{which} of {len(ids)} tokens + max_new_tokens {max_new} = {len(ids) + max_new} "
+                    f"exceeds the context of {self.max_seq_len} tokens"
+                )
         buf = trees.buffers(choices, topk=self.topk).to(self.device) if choices else None
         tree_nodes = buf.num_nodes if buf is not None else 1
         try:
-            self.model.setup_cache(1, self.max_seq_len + tree_nodes)
+            self.model.setup_cache(len(batch), self.max_seq_len + tree_nodes)
         except torch.OutOfMemoryError:
             self.model.cache = None
-            raise GenerationError(f"out of memory allocating a KV cache of {self.max_seq_len} tokens") from None
+            raise GenerationError(f"out of memory allocating a KV cache of {len(batch)} x {self.max_seq_len} tokens") from None
         gen = None
         if seed is not None or not params.greedy:
             gen = torch.Generator(device=self.device)
@@ -186,80 +196,111 @@ class Engine:
         want_trace = trace or writer is not None
         if writer:
             writer.write(header(self.name, self.heads_source, choices, mode, accept,
-                                {"temperature": params.temperature, "prompt_tokens": len(ids)}))
+                                {"temperature": params.temperature, "prompt_tokens": [len(i) for i in batch]
+                                 if len(batch) > 1 else len(batch[0])}))
         try:
-            yield from self._loop(ids, max_new_tokens, mode, buf, choices, accept, params, gen, want_trace, writer,
+            yield from self._loop(batch, max_new, mode, buf, choices, accept, params, gen, want_trace, writer,
                                   stop_on_eos)
         finally:
             if writer:
                 writer.close()
 
-    def _loop(self, ids, max_new, mode, buf, choices, accept, params, gen, want_trace, writer, stop_on_eos):
+    def _loop(self, batch, max_new, mode, buf, choices, accept, params, gen, want_trace, writer, stop_on_eos):
         sync = self.device.type == "cuda"
-        input_ids = torch.tensor(ids, device=self.device)
         with_heads = self.heads if (mode == "medusa" or want_trace) else None
-        state: DecodeState = prefill(self.model, with_heads, input_ids, params, gen)
-        produced: list[int] = []
+        state: DecodeState = prefill(self.model, with_heads, batch, params, gen)
+        active = list(range(len(batch)))  # request index of each batch row
+        produced: list[list[int]] = [[] for _ in batch]
         step = 0
-        while True:
+        while active:
             t0 = time.perf_counter()
-            prefix_len = state.prefix_len
+            prefix_lens = list(state.host_lengths)
             if mode == "medusa":
-                res = tree_step(self.model, self.heads, buf, state, accept, params, gen)
+                results = tree_step(self.model, self.heads, buf, state, accept, params, gen)
             else:
                 head_logits = state.head_logits
-                res = ar_step(self.model, with_heads, state, params, gen)
-                res.head_logits = head_logits
+                results = ar_step(self.model, with_heads, state, params, gen)
+                for row, res in enumerate(results):
+                    res.head_logits = head_logits[row] if head_logits is not None else None
             if sync:
                 torch.cuda.synchronize()
             ms = (time.perf_counter() - t0) * 1000
-            tokens = res.tokens[: max_new - len(produced)]
-            finish = None
-            if stop_on_eos:
-                for i, t in enumerate(tokens):
-                    if t in self.eos_ids:
-                        tokens, finish = tokens[: i + 1], "eos"
-                        break
-            res.tokens = tokens  # what is committed to the output (cut at EOS / max_new_tokens)
-            before = self.text_of(produced)
-            produced.extend(tokens)
-            if finish is None and len(produced) >= max_new:
-                finish = "length"
-            record = None
-            if want_trace:
-                parent = buf.parent.tolist() if mode == "medusa" else [-1]
-                record = step_trace(step, prefix_len, choices or [], res, parent, self.topk, ms, self.decode_token)
-                if writer:
-                    writer.write(record)
-            text = self.text_of(produced)
-            yield StepEvent(step, tokens, text[len(before):] if text.startswith(before) else text, res.accepted_nodes,
-                            ms, record, finish is not None, finish)
+            events, still = [], []
+            for row, (req, res) in enumerate(zip(active, results)):
+                out = produced[req]
+                tokens = res.tokens[: max_new - len(out)]
+                finish = None
+                if stop_on_eos:
+                    for i, t in enumerate(tokens):
+                        if t in self.eos_ids:
+                            tokens, finish = tokens[: i + 1], "eos"
+                            break
+                res.tokens = tokens  # what is committed to the output (cut at EOS / max_new_tokens)
+                before = self.text_of(out)
+                out.extend(tokens)
+                if finish is None and len(out) >= max_new:
+                    finish = "length"
+                record = None
+                if want_trace:
+                    parent = buf.parent.tolist() if mode == "medusa" else [-1]
+                    record = step_trace(step, prefix_lens[row], choices or [], res, parent, self.topk, ms,
+                                        self.decode_token)
+                    if len(batch) > 1:
+                        record["request"] = req
+                    if writer:
+                        writer.write(record)
+                text = self.text_of(out)
+                events.append((req, StepEvent(step, tokens, text[len(before):] if text.startswith(before) else text,
+                                              res.accepted_nodes, ms, record, finish is not None, finish)))
+                if finish is None:
+                    still.append(row)
+            yield events
             step += 1
-            if finish is not None:
-                return
+            if len(still) < len(active):
+                active = [active[r] for r in still]
+                if still:
+                    state.keep(still)
+                    self.model.cache.keep_rows(torch.tensor(still, device=self.device))
 
     def generate(self, prompt_or_ids, max_new_tokens: int = 128, mode: str = "medusa", tree=None,
-                 accept: str = "greedy", trace: bool = False, **kw) -> Result:
+                 accept: str = "greedy", trace: bool = False, **kw) -> Result | list[Result]:
+        """One prompt (text or token ids) -> Result; a list of prompts (texts or id lists) -> one
+        Result per prompt, decoded together as a batch."""
+        batched = isinstance(prompt_or_ids, (list, tuple)) and bool(prompt_or_ids) and \
+            all(isinstance(p, (str, list, tuple)) for p in prompt_or_ids)
+        prompts = list(prompt_or_ids) if batched else [prompt_or_ids]
+        opts = {k: kw.pop(k) for k in ("temperature", "top_k", "top_p", "seed", "chat", "stop_on_eos", "trace_file")
+                if k in kw}
+        if kw:
+            raise GenerationError(f"unknown generate option {sorted(kw)[0]!r}")
+        defaults = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": None, "chat": False, "stop_on_eos": True,
+                    "trace_file": None}
+        o = {**defaults, **opts}
         t0 = time.perf_counter()
-        events = list(self.stream(prompt_or_ids, max_new_tokens, mode, tree, accept, trace, **kw))
+        per_request: list[list[StepEvent]] = [[] for _ in prompts]
+        for events in self._steps(prompts, max_new_tokens, mode, tree, accept, trace, o["temperature"], o["top_k"],
+                                  o["top_p"], o["seed"], o["chat"], o["stop_on_eos"], o["trace_file"]):
+            for req, ev in events:
+                per_request[req].append(ev)
         wall = time.perf_counter() - t0
-        token_ids = [t for e in events for t in e.tokens]
-        prompt_tokens = len(self.encode(prompt_or_ids, chat=kw.get("chat", False)))
-        steps = len(events)
-        return Result(
-            text=self.text_of(token_ids),
-            token_ids=token_ids,
-            new_tokens=len(token_ids),
-            steps=steps,
-            mean_accepted=len(token_ids) / max(steps, 1),
-            wall_s=wall,
-            tokens_per_s=len(token_ids) / wall if wall > 0 else 0.0,
-            mode=mode,
-            tree=self.resolve_tree(tree) if mode == "medusa" else None,
-            prompt_tokens=prompt_tokens,
-            finish_reason=events[-1].finish_reason if events else "length",
-            traces=[e.trace for e in events if e.trace is not None],
-        )
+        results = []
+        for p, evs in zip(prompts, per_request):
+            token_ids = [t for e in evs for t in e.tokens]
+            results.append(Result(
+                text=self.text_of(token_ids),
+                token_ids=token_ids,
+                new_tokens=len(token_ids),
+                steps=len(evs),
+                mean_accepted=len(token_ids) / max(len(evs), 1),
+                wall_s=wall,
+                tokens_per_s=len(token_ids) / wall if wall > 0 else 0.0,
+                mode=mode,
+                tree=self.resolve_tree(tree) if mode == "medusa" else None,
+                prompt_tokens=len(self.encode(p, chat=o["chat"])),
+                finish_reason=evs[-1].finish_reason if evs else "length",
+                traces=[e.trace for e in evs if e.trace is not None],
+            ))
+        return results if batched else results[0]
 
 
 def load_tokenizer(model_dir: Path):

@@ -3,7 +3,9 @@
 `Transformer.forward(tokens, positions, start, block_mask)` runs T new tokens whose K/V are written
 to cache slots start..start+T-1; each token attends to the committed prefix [0, start) and to the
 tokens of its own block that `block_mask[T, T]` allows (causal for prefill, the tree mask for a
-Medusa step). Positions are explicit so tree nodes get prefix_len + depth.
+Medusa step). Positions are explicit so tree nodes get prefix_len + depth. `start` is an int (one
+length for the whole batch: prefill, training) or a [B] device tensor of per-request lengths
+(decoding a batch whose requests have committed different numbers of tokens).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from torch import nn
 
 from trees import pack_mask_bits
 
-from .attention import attention, full_mask
+from .attention import attention, batch_mask, full_mask
 from .config import ModelArgs, rope_inv_freq
 
 
@@ -31,11 +33,22 @@ class KVCache(nn.Module):
     def capacity(self) -> int:
         return self.k.shape[3]
 
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
     def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Move slots src -> dst for every layer. Gather first, then write: the ranges may overlap."""
-        k, v = self.k.index_select(3, src), self.v.index_select(3, src)
-        self.k.index_copy_(3, dst, k)
-        self.v.index_copy_(3, dst, v)
+        """Move slots src[b, i] -> dst[b, i] of request b for every layer, all requests in one indexed
+        copy. Gather first, then write: the ranges may overlap. A row may repeat its last pair as padding."""
+        rows = torch.arange(src.shape[0], device=src.device)[:, None]
+        k, v = self.k[:, rows, :, src], self.v[:, rows, :, src]  # [B, n, L, H, D]
+        self.k[:, rows, :, dst] = k
+        self.v[:, rows, :, dst] = v
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Drop finished requests from the batch (one copy when a request leaves)."""
+        self.k = self.k[:, rows].contiguous()
+        self.v = self.v[:, rows].contiguous()
 
 
 class RMSNorm(nn.Module):
@@ -66,8 +79,8 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(d, args.n_kv_heads * hd, bias=args.qkv_bias)
         self.o_proj = nn.Linear(args.n_heads * hd, d, bias=args.o_bias)
 
-    def forward(self, x, cos, sin, cache: KVCache | None, layer: int, start: int, block_mask, backend: str,
-                dense_mask: torch.Tensor | None = None):
+    def forward(self, x, cos, sin, cache: KVCache | None, layer: int, start, block_mask, backend: str,
+                dense_mask: torch.Tensor | None = None, span: int = 0):
         b, t, _ = x.shape
         a = self.args
         q = self.q_proj(x).view(b, t, a.n_heads, a.head_dim).transpose(1, 2)
@@ -77,10 +90,17 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         if cache is None:  # training / scoring: no cache, attend within the block only
             out = attention(q, k, v, 0, block_mask, backend="sdpa")
-        else:
+        elif isinstance(start, int):
             cache.k[layer, :b, :, start : start + t] = k
             cache.v[layer, :b, :, start : start + t] = v
             out = attention(q, cache.k[layer, :b], cache.v[layer, :b], start, block_mask, backend, dense_mask)
+        else:  # per-request lengths: request r writes slots start[r] .. start[r]+t-1
+            rows = torch.arange(b, device=x.device)[:, None]
+            slots = start[:, None] + torch.arange(t, device=x.device)
+            cache.k[layer][rows, :, slots] = k.transpose(1, 2)
+            cache.v[layer][rows, :, slots] = v.transpose(1, 2)
+            out = attention(q, cache.k[layer, :b, :, :span], cache.v[layer, :b, :, :span], start, block_mask, backend,
+                            dense_mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, a.n_heads * a.head_dim))
 
 
@@ -136,26 +156,35 @@ class Transformer(nn.Module):
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor,
-        start: int = 0,
+        start: int | torch.Tensor = 0,
         block_mask: torch.Tensor | None = None,
         use_cache: bool = True,
+        span: int | None = None,
     ) -> torch.Tensor:
-        """tokens, positions [B, T] -> final-normed hidden states [B, T, dim] (feed lm_head or heads)."""
+        """tokens, positions [B, T] -> final-normed hidden states [B, T, dim] (feed lm_head or heads).
+
+        With per-request `start` [B], `span` (a host int >= max(start) + T) bounds the cache slots read.
+        """
         x = self.embed_tokens(tokens)
         if positions.dim() == 1:
             positions = positions[None].expand(tokens.shape[0], -1)
         cos, sin = self.rope(positions, x.dtype)
         cache = self.cache if use_cache else None
+        t = tokens.shape[1]
+        per_request = isinstance(start, torch.Tensor)
+        if per_request and span is None:
+            raise ValueError("per-request start needs span (max(start) + T, a host int)")
+        a = self.args
         dense = None  # the mask is the same in every layer: build it once per forward
-        if cache is not None and self.backend == "sdpa" and (start > 0 or block_mask is not None):
-            a = self.args
-            dense = full_mask(start, block_mask, tokens.shape[1], x.device, a.n_heads // a.n_kv_heads)
+        if cache is not None and self.backend == "sdpa" and per_request:
+            dense = batch_mask(start, block_mask, t, span, a.n_heads // a.n_kv_heads)
+        elif cache is not None and self.backend == "sdpa" and (start > 0 or block_mask is not None):
+            dense = full_mask(start, block_mask, t, x.device, a.n_heads // a.n_kv_heads)
         elif cache is not None and self.backend == "triton":
-            t = tokens.shape[1]
             bm = block_mask if block_mask is not None else torch.ones(t, t, dtype=torch.bool).tril()
             dense = pack_mask_bits(bm.cpu()).to(x.device)
         for i, layer in enumerate(self.layers):
             h = layer.input_layernorm(x)
-            x = x + layer.self_attn(h, cos, sin, cache, i, start, block_mask, self.backend, dense)
+            x = x + layer.self_attn(h, cos, sin, cache, i, start, block_mask, self.backend, dense, span or 0)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)

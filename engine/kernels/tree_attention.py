@@ -6,7 +6,9 @@ prefix are streamed once per row block with no mask beyond the live length. The 
 T x T tree block itself, masked by a per-row ancestor bitmask (int64 words: bit j of word w of row
 i says whether block token 64w+j is visible to token i). Splits write partial outputs and their
 log-sum-exp; a merge combines them. The split count follows the live prefix length, not the cache
-capacity. T = 1 with an all-ones mask is plain decode attention.
+capacity. Lengths are read per request from a device tensor, so requests of one batch may have
+committed different numbers of tokens (each chunk is a share of its own request's length); the host
+only picks the split count from an upper bound. T = 1 with an all-ones mask is plain decode attention.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ _SM_COUNT: dict[int, int] = {}
 
 @triton.jit
 def _tree_attn_split(
-    Q, K, V, MB, PO, PL, start,
+    Q, K, V, MB, PO, PL, Starts,
     sqb, sqh, sqt, skb, skh, sks, svb, svh, svs,
-    n_kv_heads, T, G, W, n_splits, chunk, sm_scale,
+    n_kv_heads, T, G, W, n_splits, sm_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
@@ -33,6 +35,8 @@ def _tree_attn_split(
     pid_s = tl.program_id(2)
     b = pid_bh // n_kv_heads
     kvh = pid_bh % n_kv_heads
+    start = tl.load(Starts + b).to(tl.int32)
+    chunk = tl.cdiv(tl.cdiv(tl.maximum(start, 1), n_splits), BLOCK_N) * BLOCK_N
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < G * T
     qh = kvh * G + rows // T
@@ -93,10 +97,15 @@ def _sm_count(device) -> int:
     return _SM_COUNT[idx]
 
 
-def tree_attention(q, k, v, start: int, block_mask: torch.Tensor | None, mask_bits: torch.Tensor | None = None):
+def tree_attention(q, k, v, start, block_mask: torch.Tensor | None, mask_bits: torch.Tensor | None = None):
     """Same contract as `sdpa_attention`: q [B, Hq, T, D], k/v [B, Hkv, S, D] (prefix in [0, start),
-    the block in [start, start+T)). `mask_bits` [T, W] int64 may be given instead of block_mask."""
+    the block in [start, start+T)); start is an int or a [B] device tensor of per-request lengths (then
+    k/v span the longest request). `mask_bits` [T, W] int64 may be given instead of block_mask."""
     b, hq, t, d = q.shape
+    if isinstance(start, torch.Tensor):
+        starts, start = start, k.shape[2] - t  # the split count follows the longest request
+    else:
+        starts = torch.full((b,), start, device=q.device, dtype=torch.int32)
     hkv = k.shape[1]
     g = hq // hkv
     if mask_bits is None:
@@ -112,14 +121,12 @@ def tree_attention(q, k, v, start: int, block_mask: torch.Tensor | None, mask_bi
     programs = b * hkv * m_blocks
     want = max(1, (4 * _sm_count(q.device)) // max(programs, 1))
     n_splits = max(1, min(triton.cdiv(start, BLOCK_N), want)) if start > 0 else 1
-    chunk = triton.cdiv(triton.cdiv(max(start, 1), n_splits), BLOCK_N) * BLOCK_N
-    n_splits = max(1, triton.cdiv(start, chunk))
     po = torch.empty(b * hkv, n_splits + 1, rows, d, device=q.device, dtype=torch.float32)
     pl = torch.empty(b * hkv, n_splits + 1, rows, device=q.device, dtype=torch.float32)
     _tree_attn_split[(b * hkv, m_blocks, n_splits + 1)](
-        q, k, v, mask_bits, po, pl, start,
+        q, k, v, mask_bits, po, pl, starts,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        hkv, t, g, mask_bits.shape[1], n_splits, chunk, 1.0 / math.sqrt(d),
+        hkv, t, g, mask_bits.shape[1], n_splits, 1.0 / math.sqrt(d),
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, D=d, IEEE=q.dtype == torch.float32,
     )
     w = torch.softmax(pl, dim=1)  # merge splits by their log-sum-exp (empty splits have -inf: weight 0)

@@ -1,0 +1,74 @@
+"""Batched decoding: every request's output equals its batch-of-one output (greedy)."""
+
+import pytest
+import torch
+from conftest import VOCAB, make_hf_model, random_heads_sd
+
+import engine
+from engine.prompts import heldout_prompts
+
+
+@pytest.fixture(scope="module", params=[("llama", 4), ("llama", 1), ("qwen2", 2)], ids=["mha", "gqa4", "qwen2"])
+def eng(request, tmp_path_factory):
+    kind, n_kv = request.param
+    d = tmp_path_factory.mktemp(f"batch-{kind}-{n_kv}")
+    make_hf_model(d, kind, n_kv=n_kv)
+    return engine.load(d, heads=random_heads_sd(), device="cpu", dtype="float32")
+
+
+def prompts(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.mark.parametrize("mode,tree", [("ar", None), ("medusa", "mc_sim_7b_63"), ("medusa", "chain_3")])
+def test_batch_equals_batch_of_one(eng, mode, tree):
+    batch = prompts([5, 13, 2, 9])
+    singles = [eng.generate(p, 30, mode=mode, tree=tree) for p in batch]
+    together = eng.generate(batch, 30, mode=mode, tree=tree)
+    assert [r.token_ids for r in together] == [r.token_ids for r in singles]
+    assert [r.steps for r in together] == [r.steps for r in singles]
+
+
+def test_requests_that_stop_at_different_steps_leave_the_batch(eng):
+    batch = prompts([7, 3, 11], seed=4)
+    free = [eng.generate(p, 40, mode="ar").token_ids for p in batch]
+    # EOS = tokens that first appear at different depths of different requests' outputs
+    eng.eos_ids = {free[0][4], free[2][20]}
+    try:
+        singles = [eng.generate(p, 40, mode="medusa", tree="mc_sim_7b_63") for p in batch]
+        together = eng.generate(batch, 40, mode="medusa", tree="mc_sim_7b_63")
+        ar = eng.generate(batch, 40, mode="ar")
+    finally:
+        eng.eos_ids = set()
+    assert [r.token_ids for r in together] == [r.token_ids for r in singles] == [r.token_ids for r in ar]
+    lengths = {len(r.token_ids) for r in together}
+    assert len(lengths) > 1 and any(r.finish_reason == "eos" for r in together)
+
+
+def test_batch_near_the_cache_limit(tmp_path):
+    make_hf_model(tmp_path, "llama", n_kv=2, ctx=64)
+    e = engine.load(tmp_path, heads=random_heads_sd(), device="cpu")
+    batch = prompts([30, 4, 50])
+    singles = [e.generate(p, 14, mode="medusa", tree="mc_sim_7b_63").token_ids for p in batch]
+    assert [r.token_ids for r in e.generate(batch, 14, mode="medusa", tree="mc_sim_7b_63")] == singles
+    with pytest.raises(engine.GenerationError, match="prompt 2 of 50 tokens"):
+        e.generate(batch, 15, mode="ar")
+
+
+def test_batch_sampling_at_zero_temperature_is_greedy_and_traces_name_the_request(eng):
+    batch = prompts([6, 10], seed=2)
+    greedy = [r.token_ids for r in eng.generate(batch, 20, mode="ar")]
+    sampled = eng.generate(batch, 20, mode="medusa", accept="sample", temperature=0.0, trace=True)
+    assert [r.token_ids for r in sampled] == greedy
+    assert {t["request"] for t in sampled[1].traces} == {1}
+    typical = eng.generate(batch, 20, mode="medusa", accept="typical", temperature=0.7, seed=1)
+    assert all(r.new_tokens == 20 for r in typical)
+
+
+def test_demo_batch_accepts_long_paths_and_matches_single(demo_engine):
+    batch = heldout_prompts(4)
+    singles = [demo_engine.generate(p, 48, mode="medusa", tree="demo_tuned") for p in batch]
+    together = demo_engine.generate(batch, 48, mode="medusa", tree="demo_tuned")
+    assert [r.token_ids for r in together] == [r.token_ids for r in singles]
+    assert sum(r.new_tokens for r in together) / sum(r.steps for r in together) > 1.2
