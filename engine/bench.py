@@ -6,6 +6,10 @@ Parts:
   batch    tokens/s of AR and Medusa at batch 1, 2, 4, 8 with best-first trees of several sizes per
            batch (the tree should shrink as the batch grows: verification competes with the batch
            for the same compute), the best tree per batch and where Medusa stops beating AR
+  step     (CUDA) one decoding step on random-weight models of the Llama-2-7B (MHA) and Llama-3-8B (GQA,
+           128k vocab) shapes in bf16: our AR step and tree steps of 16, 32 and 64 nodes (forward +
+           lm_head + greedy verification + compaction) against the weight-read floor, and
+           `transformers` greedy generate per token on the same weights
   latency  mean tree-step latency for best-first trees of several sizes (feeds `trees optimize --latency`)
   attention  (CUDA) our Triton tree kernel vs SDPA with a dense mask vs compiled flex_attention, for
            T in {1, 16, 64} x prefix L in {512, 4096, 32768}, 32 query heads, D 128, MHA and GQA 4:1,
@@ -20,7 +24,9 @@ import time
 
 
 def add_bench_args(p) -> None:
-    p.add_argument("--part", choices=["e2e", "batch", "latency", "attention"], default="e2e")
+    p.add_argument("--part", choices=["e2e", "batch", "latency", "attention", "step"], default="e2e")
+    p.add_argument("--shapes", default="llama2-7b,llama3-8b", help="step part: model shapes")
+    p.add_argument("--prefix", type=int, default=1024, help="step part: committed tokens before the timed steps")
     p.add_argument("--batches", default="1,2,4,8", help="batch part: batch sizes")
     p.add_argument("--markdown", action="store_true", help="attention part: also print a markdown table")
     p.add_argument("--model", default="demo")
@@ -125,6 +131,98 @@ def run_batch(eng, prompts, max_new, batches, sizes, traces) -> dict:
             "first_batch_where_ar_wins": crossover}
 
 
+SHAPES = {
+    "llama2-7b": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096),
+    "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0),
+}
+
+
+def _cuda_ms(fn, iters: int = 30) -> float:
+    """Median wall time of fn() in ms, synchronised (eager launches, no CUDA graph)."""
+    import statistics
+
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def run_step(shapes, prefix: int, backend: str) -> dict:
+    import torch
+    import transformers
+
+    import trees
+
+    from .accept import verify_greedy_batch
+    from .config import ModelArgs, rope_inv_freq
+    from .model import Transformer
+
+    bw = copy_bandwidth()
+    out = {"copy_bandwidth_GBps": round(bw / 1e9, 1), "prefix": prefix, "backend": backend, "rows": []}
+    for name in shapes:
+        cfg = transformers.LlamaConfig(**SHAPES[name], tie_word_embeddings=False)
+        with torch.device("cuda"):
+            hf = transformers.LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16).eval()
+        with torch.device("meta"):
+            ours = Transformer(ModelArgs.from_hf_config(cfg.to_dict(), where=name))
+        sd = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
+        ours.load_state_dict(sd, strict=False, assign=True)  # the same tensors: no second copy
+        ours.inv_freq = rope_inv_freq(ours.args).cuda()
+        ours.backend = backend
+        weight_bytes = sum(v.numel() * v.element_size() for k, v in sd.items() if "embed_tokens" not in k)
+        floor_ms = weight_bytes / bw * 1e3
+        row = {"shape": name, "weight_GB": round(weight_bytes / 1e9, 2), "weight_floor_ms": round(floor_ms, 3)}
+        ours.setup_cache(1, prefix + 128)
+        ids = torch.randint(0, cfg.vocab_size, (1, prefix), device="cuda")
+        with torch.inference_mode():
+            ours(ids, torch.arange(prefix, device="cuda"))
+            starts = torch.tensor([prefix], device="cuda")
+            for n in (0, 16, 32, 64):
+                choices = trees.best_tree_independent([[0.6, 0.15, 0.08, 0.05, 0.03]] * 4, n) if n else None
+                buf = trees.buffers(choices, topk=5).to("cuda") if n else None
+                t = n + 1
+
+                def step():
+                    tok = torch.randint(0, cfg.vocab_size, (1, t), device="cuda")
+                    pos = starts[:, None] + (buf.position_ids[None] if buf else 0)
+                    h = ours(tok, pos, start=starts, block_mask=buf.attn_mask if buf else None, span=prefix + t)
+                    logits = ours.lm_head(h).float()
+                    if buf is not None:
+                        rows, lengths = verify_greedy_batch(buf.retrieve_indices, tok, logits)
+                        nodes = buf.retrieve_indices[rows].clamp(min=0)
+                        ours.cache.compact(starts[:, None] + nodes, starts[:, None] + nodes)
+                    return logits.argmax(-1)
+
+                ms = _cuda_ms(step)
+                key = "ar" if n == 0 else f"tree_{n}"
+                row[f"{key}_ms"] = round(ms, 3)
+            row["ar_over_floor"] = round(row["ar_ms"] / floor_ms, 3)
+            for n in (16, 32, 64):
+                row[f"tree_{n}_over_ar"] = round(row[f"tree_{n}_ms"] / row["ar_ms"], 3)
+            x = ids[:, :prefix]
+
+            def hf_gen(new):
+                return lambda: hf.generate(x, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                           pad_token_id=0)
+
+            per_token = (_cuda_ms(hf_gen(33), 5) - _cuda_ms(hf_gen(1), 5)) / 32
+        row["transformers_generate_ms_per_token"] = round(per_token, 3)
+        row["transformers_over_ours_ar"] = round(per_token / row["ar_ms"], 3)
+        out["rows"].append(row)
+        torch.cuda.empty_cache()
+    return out
+
+
 def copy_bandwidth(nbytes: int = 2 << 30) -> float:
     """Measured device-to-device copy bandwidth in bytes/s (bytes read + bytes written)."""
     import torch
@@ -204,6 +302,11 @@ def run_attention(markdown: bool) -> dict:
 def run_bench(a) -> int:
     import torch
 
+    if a.part == "step":
+        res = {"part": "step", "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(),
+               "torch": torch.__version__, **run_step(a.shapes.split(","), a.prefix, a.backend)}
+        print(json.dumps(res))
+        return 0
     if a.part == "attention":
         res = {"part": "attention", "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(),
                "torch": torch.__version__, **run_attention(a.markdown)}

@@ -10,14 +10,41 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def _tensor_parallel(a):
+    """--tp N under torchrun: join the group (every rank runs the same decode; rank 0 prints)."""
+    from .tp import SINGLE, init_from_env
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if a.tp == 1 and "TORCHELASTIC_RUN_ID" not in os.environ:  # not under torchrun: no process group
+        return SINGLE, a.device
+    if a.tp != world:
+        raise ValueError(f"--tp {a.tp} needs exactly {a.tp} processes (torchrun --nproc-per-node {a.tp}); "
+                         f"WORLD_SIZE is {world}")
+    import torch
+
+    kind = (a.device or ("cuda" if torch.cuda.is_available() else "cpu")).split(":")[0]
+    return init_from_env(kind)
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+
+
 def _generate(a) -> int:
     from . import load
 
-    eng = load(a.model, heads=False if a.no_heads else a.heads, device=a.device, dtype=a.dtype,
-               max_seq_len=a.max_seq_len, backend=a.backend)
-    res = eng.generate(a.prompt, a.max_new_tokens, mode=a.mode, tree=a.tree, accept=a.accept,
+    tp, device = _tensor_parallel(a)
+    eng = load(a.model, heads=False if a.no_heads else a.heads, device=device, dtype=a.dtype,
+               max_seq_len=a.max_seq_len, backend=a.backend, tp=tp)
+    prompt = a.prompt if a.prompt_ids is None else _ids(a.prompt_ids)
+    res = eng.generate(prompt, a.max_new_tokens, mode=a.mode, tree=a.tree, accept=a.accept,
                        temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed, chat=a.chat,
-                       trace_file=a.trace)
+                       trace_file=a.trace if tp.rank == 0 else None)
+    if tp.rank != 0:
+        return 0
     if a.json:
         print(json.dumps(res.to_json()))
     else:
@@ -101,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default="demo", help="model directory, a cached hub id, or 'demo'")
     g.add_argument("--heads", default=None, help="heads file (default: found beside the model)")
     g.add_argument("--no-heads", action="store_true")
-    g.add_argument("--prompt", required=True)
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt")
+    src.add_argument("--prompt-ids", help="comma-separated token ids (models without a tokenizer)")
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--mode", choices=["ar", "medusa"], default="medusa")
     g.add_argument("--tree", default=None, help="preset name or tree JSON file (default: the project's default)")
@@ -117,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--backend", default="sdpa", choices=["sdpa", "triton"])
     g.add_argument("--trace", default=None, metavar="FILE.jsonl", help="write one JSON line per step")
     g.add_argument("--json", action="store_true")
+    g.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (launch with torchrun --nproc-per-node N)")
     g.set_defaults(fn=_generate)
 
     t = sub.add_parser("train-heads", help="train Medusa heads on a frozen base model")

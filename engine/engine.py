@@ -18,6 +18,7 @@ from .heads import MedusaHeads
 from .loading import find_heads, load_base, load_heads, resolve_model_dir
 from .model import Transformer
 from .sampling import SamplingParams
+from .tp import SINGLE, TP
 from .trace import TraceWriter, header, step_trace
 
 MODES = ("ar", "medusa")
@@ -191,7 +192,7 @@ class Engine:
         gen = None
         if seed is not None or not params.greedy:
             gen = torch.Generator(device=self.device)
-            gen.manual_seed(seed if seed is not None else int(time.time_ns() % 2**31))
+            gen.manual_seed(self.model.tp.shared_seed(seed if seed is not None else int(time.time_ns() % 2**31)))
         writer = TraceWriter(trace_file) if trace_file else None
         want_trace = trace or writer is not None
         if writer:
@@ -322,27 +323,30 @@ def load(
     dtype: str | torch.dtype | None = None,
     max_seq_len: int | None = None,
     backend: str = "sdpa",
+    tp: TP = SINGLE,
 ) -> Engine:
     """Load a local Llama-family model and its Medusa heads.
 
     heads=None finds them beside the model (medusa_heads.safetensors, medusa_lm_head.*, or
     `medusa_head.*` keys in a Medusa-2 checkpoint); heads=False loads none; a path loads that file.
+    tp: this process's place in a tensor-parallel group (`engine.tp.init_from_env`); every rank
+    then runs the same generate calls and gets the same tokens.
     """
     dev = torch.device(device) if device is not None else default_device()
     dt = _dtype(dtype, dev)
     model_dir = resolve_model_dir(model)
-    base, medusa_sd = load_base(model_dir, dev, dt)
+    base, medusa_sd = load_base(model_dir, dev, dt, tp)
     base.backend = backend
     medusa, source = None, None
     if heads is not False:
         if heads is not None and heads is not True:
-            medusa = load_heads(heads, base.args, dev, dt)
+            medusa = load_heads(heads, base.args, dev, dt, tp=tp)
             source = str(heads) if not isinstance(heads, dict) else "<state dict>"
         elif medusa_sd:
-            medusa = load_heads(medusa_sd, base.args, dev, dt, where=f"{model_dir} (medusa_head.*)")
+            medusa = load_heads(medusa_sd, base.args, dev, dt, where=f"{model_dir} (medusa_head.*)", tp=tp)
             source = f"{model_dir} (medusa_head.*)"
         elif (found := find_heads(model_dir)) is not None:
-            medusa = load_heads(found, base.args, dev, dt)
+            medusa = load_heads(found, base.args, dev, dt, tp=tp)
             source = str(found)
         elif heads is True:
             raise ModelLoadError(f"{model_dir}: no Medusa heads found")

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelLoadError
+from .tp import SINGLE, TP
 
 _KEY = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
 
@@ -37,32 +38,40 @@ class HeadLayout:
 
 
 class MedusaHeads(nn.Module):
-    def __init__(self, num_heads: int, num_layers: int, dim: int, vocab_size: int | None):
+    """Under tensor parallelism (the seed's split) a rank holds rows `tp.part(dim)` of every ResBlock
+    (column-parallel: weight and bias along the output dim) and the same columns of each vocabulary
+    projection (row-parallel along hidden size, partial logits all-reduced)."""
+
+    def __init__(self, num_heads: int, num_layers: int, dim: int, vocab_size: int | None, tp: TP = SINGLE):
         super().__init__()
-        self.num_heads, self.num_layers, self.dim = num_heads, num_layers, dim
+        self.num_heads, self.num_layers, self.dim, self.tp = num_heads, num_layers, dim, tp
+        local = dim // tp.world
         # Zero ResBlocks make a fresh head equal the base lm_head (Medusa's initialisation).
-        self.weight = nn.Parameter(torch.zeros(num_heads, num_layers, dim, dim))
-        self.bias = nn.Parameter(torch.zeros(num_heads, num_layers, dim))
-        self.proj = None if vocab_size is None else nn.Parameter(torch.zeros(num_heads, vocab_size, dim))
+        self.weight = nn.Parameter(torch.zeros(num_heads, num_layers, local, dim))
+        self.bias = nn.Parameter(torch.zeros(num_heads, num_layers, local))
+        self.proj = None if vocab_size is None else nn.Parameter(torch.zeros(num_heads, vocab_size, local))
 
     @property
     def shared_lm_head(self) -> bool:
         return self.proj is None
 
     def hidden(self, h: torch.Tensor) -> torch.Tensor:
-        """[N, d] base hidden states -> [K, N, d] head features, all heads batched."""
+        """[N, d] base hidden states -> [K, N, d / world] head features (this rank's share), all
+        heads batched. Between ResBlocks the shares are gathered (the next block needs all of x)."""
+        cols = self.tp.part(self.dim)
         x = h.unsqueeze(0).expand(self.num_heads, -1, -1)
         for layer in range(self.num_layers):
             w, b = self.weight[:, layer], self.bias[:, layer]
-            x = x + F.silu(torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2)))
-        return x
+            y = x[..., cols] + F.silu(torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2)))
+            x = self.tp.all_gather(y) if layer + 1 < self.num_layers else y
+        return x[..., cols] if self.num_layers == 0 else x
 
     def forward(self, h: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
         """[N, d] -> logits [K, N, V]."""
         x = self.hidden(h)
         if self.proj is None:
-            return x @ lm_head_weight.t()
-        return torch.bmm(x, self.proj.transpose(1, 2))
+            return self.tp.all_reduce(x @ lm_head_weight[:, self.tp.part(self.dim)].t())
+        return self.tp.all_reduce(torch.bmm(x, self.proj.transpose(1, 2)))
 
     def state_dict_faster_decoding(self, include_proj: bool = True) -> dict[str, torch.Tensor]:
         """Keys in the FasterDecoding layout (projection only when the heads have their own)."""
@@ -111,10 +120,13 @@ def detect_layout(keys: list[str], where: str) -> HeadLayout:
     return HeadLayout("faster-decoding" if has_proj else "shared-lm-head", num_heads, num_layers, not has_proj)
 
 
-def heads_from_state_dict(sd: Mapping[str, torch.Tensor], dim: int, vocab_size: int, where: str) -> MedusaHeads:
-    """Build heads from a heads-only state dict, checking every shape against the base model."""
+def heads_from_state_dict(sd: Mapping[str, torch.Tensor], dim: int, vocab_size: int, where: str,
+                          tp: TP = SINGLE) -> MedusaHeads:
+    """Build heads from a heads-only state dict, checking every shape against the base model
+    (with `tp`, keep this rank's share)."""
     layout = detect_layout(list(sd), where)
-    heads = MedusaHeads(layout.num_heads, layout.num_layers, dim, None if layout.shared_lm_head else vocab_size)
+    heads = MedusaHeads(layout.num_heads, layout.num_layers, dim, None if layout.shared_lm_head else vocab_size, tp)
+    part = tp.part(dim)
 
     def take(key: str, shape: tuple[int, ...]) -> torch.Tensor:
         t = sd[key]
@@ -125,8 +137,8 @@ def heads_from_state_dict(sd: Mapping[str, torch.Tensor], dim: int, vocab_size: 
     with torch.no_grad():
         for h in range(layout.num_heads):
             for layer in range(layout.num_layers):
-                heads.weight[h, layer] = take(f"{h}.{layer}.linear.weight", (dim, dim))
-                heads.bias[h, layer] = take(f"{h}.{layer}.linear.bias", (dim,))
+                heads.weight[h, layer] = take(f"{h}.{layer}.linear.weight", (dim, dim))[part]
+                heads.bias[h, layer] = take(f"{h}.{layer}.linear.bias", (dim,))[part]
             if heads.proj is not None:
-                heads.proj[h] = take(f"{h}.{layout.num_layers}.weight", (vocab_size, dim))
+                heads.proj[h] = take(f"{h}.{layout.num_layers}.weight", (vocab_size, dim))[:, part]
     return heads

@@ -7,11 +7,13 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from .config import ModelArgs, ModelLoadError, rope_inv_freq
 from .heads import MedusaHeads, heads_from_state_dict
 from .model import Transformer
+from .tp import SINGLE, TP, check_divisible, is_row_parallel_bias, shard_dim
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "models" / "demo"
 HEAD_FILES = ("medusa_heads.safetensors", "medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -83,23 +85,49 @@ def _strip(key: str) -> str:
     return key[len("model.") :] if key.startswith("model.") else key
 
 
-def load_base(model_dir: Path, device, dtype) -> tuple[Transformer, dict[str, torch.Tensor]]:
-    """Build the Transformer and fill every parameter by name. Returns any `medusa_head.*` tensors."""
+def _tensors(path: Path, tp: TP):
+    """(key, tensor) of one weights file. Under tensor parallelism a safetensors file is read by
+    slice: split tensors only this rank's share, so no rank reads the whole model."""
+    if path.suffix != ".safetensors" or tp.world == 1:
+        yield from read_state_dict(path).items()
+        return
+    try:
+        f = safe_open(str(path), framework="pt")
+        for key in f.keys():
+            dim = shard_dim(_strip(key))
+            if dim is None:
+                yield key, f.get_tensor(key)
+            else:
+                sl = f.get_slice(key)
+                part = tp.part(sl.get_shape()[dim])
+                yield key, sl[part] if dim == 0 else sl[:, part]
+    except ModelLoadError:
+        raise
+    except Exception as e:
+        raise ModelLoadError(f"{path}: cannot read weights ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+
+
+def load_base(model_dir: Path, device, dtype, tp: TP = SINGLE) -> tuple[Transformer, dict[str, torch.Tensor]]:
+    """Build the Transformer (this rank's shard under `tp`) and fill every parameter by name.
+    Returns any `medusa_head.*` tensors; `model.weight_bytes_read` says how much was read."""
     cfg_path = model_dir / "config.json"
     try:
         cfg = json.loads(cfg_path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ModelLoadError(f"{cfg_path}: cannot read config ({e})") from None
     args = ModelArgs.from_hf_config(cfg, where=str(cfg_path))
+    check_divisible(args, tp.world, str(cfg_path))
     with torch.device("meta"):
-        model = Transformer(args)
+        model = Transformer(args, tp)
     expected = {k: v for k, v in model.state_dict().items()}
     if args.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
     loaded: dict[str, torch.Tensor] = {}
     medusa: dict[str, torch.Tensor] = {}
+    nbytes = 0
     for f in base_weight_files(model_dir):
-        for key, t in read_state_dict(f).items():
+        for key, t in _tensors(f, tp):
+            nbytes += t.numel() * t.element_size()
             if key.startswith("medusa_head."):
                 medusa[key[len("medusa_head.") :]] = t
                 continue
@@ -112,7 +140,7 @@ def load_base(model_dir: Path, device, dtype) -> tuple[Transformer, dict[str, to
                 raise ModelLoadError(f"{f}: unexpected key {key!r} for a {args.model_type} model")
             if tuple(t.shape) != tuple(expected[name].shape):
                 raise ModelLoadError(f"{f}: key {key!r} has shape {tuple(t.shape)}, config implies {tuple(expected[name].shape)}")
-            loaded[name] = t
+            loaded[name] = torch.zeros_like(t) if tp.rank > 0 and is_row_parallel_bias(name) else t
     missing = [k for k in expected if k not in loaded]
     if missing:
         raise ModelLoadError(f"{model_dir}: missing weight key {'model.' + missing[0] if missing[0] != 'lm_head.weight' else missing[0]!r}"
@@ -125,6 +153,7 @@ def load_base(model_dir: Path, device, dtype) -> tuple[Transformer, dict[str, to
     model.inv_freq = rope_inv_freq(args).to(device)  # float32 always: RoPE angles need it
     if args.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
+    model.weight_bytes_read = nbytes
     return model.eval(), medusa
 
 
@@ -135,7 +164,8 @@ def find_heads(model_dir: Path) -> Path | None:
     return None
 
 
-def load_heads(source: str | os.PathLike | dict, args: ModelArgs, device, dtype, where: str = "heads") -> MedusaHeads:
+def load_heads(source: str | os.PathLike | dict, args: ModelArgs, device, dtype, where: str = "heads",
+               tp: TP = SINGLE) -> MedusaHeads:
     """Heads from a file, a directory holding one of HEAD_FILES, or an in-memory state dict."""
     if isinstance(source, dict):
         sd = source
@@ -150,5 +180,5 @@ def load_heads(source: str | os.PathLike | dict, args: ModelArgs, device, dtype,
             raise ModelLoadError(f"{path}: no such heads file")
         sd = read_state_dict(path)
         where = str(path)
-    heads = heads_from_state_dict(sd, args.dim, args.vocab_size, where)
+    heads = heads_from_state_dict(sd, args.dim, args.vocab_size, where, tp)
     return heads.to(device=device, dtype=dtype).eval()

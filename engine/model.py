@@ -18,14 +18,15 @@ from trees import pack_mask_bits
 
 from .attention import attention, batch_mask, full_mask
 from .config import ModelArgs, rope_inv_freq
+from .tp import SINGLE, TP
 
 
 class KVCache(nn.Module):
     """K and V for all layers in two tensors [L, B, H_kv, S, D], so compaction is one indexed copy."""
 
-    def __init__(self, args: ModelArgs, batch: int, capacity: int, device, dtype):
+    def __init__(self, args: ModelArgs, batch: int, capacity: int, device, dtype, kv_heads: int | None = None):
         super().__init__()
-        shape = (args.n_layers, batch, args.n_kv_heads, capacity, args.head_dim)
+        shape = (args.n_layers, batch, kv_heads or args.n_kv_heads, capacity, args.head_dim)
         self.register_buffer("k", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
         self.register_buffer("v", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
 
@@ -70,22 +71,26 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs):
+    """Under tensor parallelism this rank holds n_heads / world query heads and n_kv_heads / world
+    KV heads; the caller all-reduces the output."""
+
+    def __init__(self, args: ModelArgs, tp: TP = SINGLE):
         super().__init__()
         self.args = args
         d, hd = args.dim, args.head_dim
-        self.q_proj = nn.Linear(d, args.n_heads * hd, bias=args.qkv_bias)
-        self.k_proj = nn.Linear(d, args.n_kv_heads * hd, bias=args.qkv_bias)
-        self.v_proj = nn.Linear(d, args.n_kv_heads * hd, bias=args.qkv_bias)
-        self.o_proj = nn.Linear(args.n_heads * hd, d, bias=args.o_bias)
+        self.n_heads, self.n_kv_heads = args.n_heads // tp.world, args.n_kv_heads // tp.world
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=args.qkv_bias)
+        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=args.qkv_bias)
+        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=args.o_bias)
 
     def forward(self, x, cos, sin, cache: KVCache | None, layer: int, start, block_mask, backend: str,
                 dense_mask: torch.Tensor | None = None, span: int = 0):
         b, t, _ = x.shape
-        a = self.args
-        q = self.q_proj(x).view(b, t, a.n_heads, a.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, a.n_kv_heads, a.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, a.n_kv_heads, a.head_dim).transpose(1, 2)
+        hd = self.args.head_dim
+        q = self.q_proj(x).view(b, t, self.n_heads, hd).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.n_kv_heads, hd).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv_heads, hd).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         if cache is None:  # training / scoring: no cache, attend within the block only
@@ -101,37 +106,39 @@ class Attention(nn.Module):
             cache.v[layer][rows, :, slots] = v.transpose(1, 2)
             out = attention(q, cache.k[layer, :b, :, :span], cache.v[layer, :b, :, :span], start, block_mask, backend,
                             dense_mask)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, a.n_heads * a.head_dim))
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * hd))
 
 
 class FeedForward(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, tp: TP = SINGLE):
         super().__init__()
-        self.gate_proj = nn.Linear(args.dim, args.intermediate_size, bias=args.mlp_bias)
-        self.up_proj = nn.Linear(args.dim, args.intermediate_size, bias=args.mlp_bias)
-        self.down_proj = nn.Linear(args.intermediate_size, args.dim, bias=args.mlp_bias)
+        inner = args.intermediate_size // tp.world
+        self.gate_proj = nn.Linear(args.dim, inner, bias=args.mlp_bias)
+        self.up_proj = nn.Linear(args.dim, inner, bias=args.mlp_bias)
+        self.down_proj = nn.Linear(inner, args.dim, bias=args.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Block(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, tp: TP = SINGLE):
         super().__init__()
-        self.self_attn = Attention(args)
-        self.mlp = FeedForward(args)
+        self.self_attn = Attention(args, tp)
+        self.mlp = FeedForward(args, tp)
         self.input_layernorm = RMSNorm(args.dim, args.norm_eps)
         self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
 
 
 class Transformer(nn.Module):
-    """Parameter names follow the HF layout (`model.` stripped) so checkpoints load by name."""
+    """Parameter names follow the HF layout (`model.` stripped) so checkpoints load by name.
+    With `tp` this is one rank's shard (engine/tp.py says what is split and how)."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, tp: TP = SINGLE):
         super().__init__()
-        self.args = args
+        self.args, self.tp = args, tp
         self.embed_tokens = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.layers = nn.ModuleList(Block(args, tp) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_word_embeddings:
@@ -144,7 +151,7 @@ class Transformer(nn.Module):
         w = self.embed_tokens.weight
         if self.cache is None or self.cache.capacity < capacity or self.cache.k.shape[1] < batch:
             self.cache = None  # free the old one before allocating the new one
-            self.cache = KVCache(self.args, batch, capacity, w.device, w.dtype)
+            self.cache = KVCache(self.args, batch, capacity, w.device, w.dtype, self.args.n_kv_heads // self.tp.world)
         return self.cache
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,6 +192,7 @@ class Transformer(nn.Module):
             dense = pack_mask_bits(bm.cpu()).to(x.device)
         for i, layer in enumerate(self.layers):
             h = layer.input_layernorm(x)
-            x = x + layer.self_attn(h, cos, sin, cache, i, start, block_mask, self.backend, dense, span or 0)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + self.tp.all_reduce(layer.self_attn(h, cos, sin, cache, i, start, block_mask, self.backend, dense,
+                                                       span or 0))
+            x = x + self.tp.all_reduce(layer.mlp(layer.post_attention_layernorm(x)))
         return self.norm(x)
