@@ -100,6 +100,15 @@ def build_app(wb: Workbench) -> gr.Blocks:
             cmp_table = gr.Dataframe(headers=["prompt", "A tokens/step", "B tokens/step", "A tokens/s", "B tokens/s", "same output"],
                                      interactive=False)
             cmp_msg = gr.Markdown()
+            gr.Markdown("**Acceptance rules** on the same prompts and tree: greedy and sample are lossless, "
+                        "typical is not. Distance = total variation from the model's own sampling (first 2 tokens).")
+            with gr.Row():
+                rules_tree = gr.Dropdown(wb.tree_names(), value=trees.DEFAULT_TREE, label="tree")
+                rules_temp = gr.Slider(0.05, 2, value=0.7, step=0.05, label="temperature")
+                rules_samples = gr.Slider(4, 128, value=32, step=4, label="samples per prompt and rule")
+                rules_btn = gr.Button("Compare acceptance rules")
+            rules_table = gr.Dataframe(headers=["rule", "lossless", "tokens/step", "TV to AR sampling"], interactive=False)
+            rules_msg = gr.Markdown()
 
         # -- events ----------------------------------------------------------------------------
         def generate(prompt, tree_choice, editor_text, mode, accept, temperature, max_new):
@@ -176,25 +185,9 @@ def build_app(wb: Workbench) -> gr.Blocks:
         confirm_btn.click(lambda t, n, k: wb.confirm_tree(t, n, k), [editor, n_prompts, tune_tokens], confirm_msg,
                           concurrency_limit=1, concurrency_id=DECODE_GROUP)
 
-        def compare(a, b, n, editor_text):
-            from engine.prompts import heldout_prompts
-
-            rows, same_all = [], True
-            with wb.lock:
-                for i, p in enumerate(heldout_prompts(int(n))):
-                    res = []
-                    for choice in (a, b):
-                        if choice == "ar":
-                            res.append(wb.engine.generate(p, 64, mode="ar"))
-                        else:
-                            res.append(wb.engine.generate(p, 64, mode="medusa", tree=wb.resolve_choice(choice, editor_text)))
-                    same = res[0].token_ids == res[1].token_ids
-                    same_all &= same
-                    rows.append([i, round(res[0].mean_accepted, 3), round(res[1].mean_accepted, 3),
-                                 round(res[0].tokens_per_s, 1), round(res[1].tokens_per_s, 1), same])
-            return rows, "greedy outputs identical on every prompt ✓" if same_all else "outputs differ ✗"
-
-        cmp_btn.click(compare, [cmp_a, cmp_b, cmp_n, editor], [cmp_table, cmp_msg], concurrency_limit=1,
+        cmp_btn.click(wb.compare, [cmp_a, cmp_b, cmp_n, editor], [cmp_table, cmp_msg], concurrency_limit=1,
                       concurrency_id=DECODE_GROUP)
+        rules_btn.click(wb.compare_rules, [rules_tree, editor, cmp_n, rules_temp, rules_samples], [rules_table, rules_msg],
+                        concurrency_limit=1, concurrency_id=DECODE_GROUP)
         app.load(validate, editor, [valid_msg, editor_plot])
     return app

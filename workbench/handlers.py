@@ -225,6 +225,77 @@ class Workbench:
         return f"{len(choices)} nodes: {pred}, measured {tokens / steps:.3f} tokens/step over {steps} steps"
 
 
+    def compare(self, a: str, b: str, n_prompts: int, editor_text: str) -> tuple[list[list], str]:
+        """Two trees (or AR) on the same held-out prompts: tokens/step, tokens/s, identical output."""
+        try:
+            runs = [None if c == "ar" else self.resolve_choice(c, editor_text) for c in (a, b)]
+        except (UserError, trees.TreeError) as e:
+            return [], f"✗ {e}"
+        rows, same_all = [], True
+        with self.lock:
+            for i, p in enumerate(heldout_prompts(int(n_prompts))):
+                res = [self.engine.generate(p, 64, mode="ar" if t is None else "medusa", tree=t) for t in runs]
+                same = res[0].token_ids == res[1].token_ids
+                same_all &= same
+                rows.append([i, round(res[0].mean_accepted, 3), round(res[1].mean_accepted, 3),
+                             round(res[0].tokens_per_s, 1), round(res[1].tokens_per_s, 1), same])
+        return rows, "greedy outputs identical on every prompt ✓" if same_all else "outputs differ ✗"
+
+    def compare_rules(self, tree_choice: str, editor_text: str, n_prompts: int, temperature: float,
+                      samples: int = 32, prefix_tokens: int = 2, max_new_tokens: int = 64) -> tuple[list[list], str]:
+        """The three acceptance rules on the same prompts and tree: mean accepted tokens per step,
+        and how far each rule's output distribution is from the model's own sampling.
+
+        Distance: total variation between the empirical distributions of the first `prefix_tokens`
+        tokens from `samples` seeded runs of the rule and as many runs of plain AR sampling at the
+        same temperature, averaged over prompts. Sample-based TV is biased upwards at small sample
+        counts, so the row "AR vs AR" (two independent AR sample sets) is the noise floor: a
+        lossless rule sits at it, a lossy one above it.
+        """
+        try:
+            tree = self.resolve_choice(tree_choice, editor_text)
+            temperature = float(temperature)
+            if not 0 < temperature <= 2:
+                raise UserError(f"temperature must be in (0, 2] to compare sampling rules, got {temperature}")
+            samples, n_prompts = int(samples), int(n_prompts)
+            if not (1 <= samples <= 256 and 1 <= n_prompts <= 24):
+                raise UserError("samples must be 1..256 and prompts 1..24")
+        except (UserError, trees.TreeError, ValueError) as e:
+            return [], f"✗ {e}"
+        rules = ("greedy", "typical", "sample")
+        tv = {r: [] for r in rules + ("AR vs AR",)}
+        per_step = {r: [0, 0] for r in rules}
+        with self.lock:
+            for p in heldout_prompts(n_prompts):
+                def draws(mode, accept, seed0):
+                    return [tuple(self.engine.generate(p, prefix_tokens, mode=mode, tree=tree, accept=accept,
+                                                       temperature=temperature, seed=seed0 + i).token_ids)
+                            for i in range(samples)]
+
+                ref = draws("ar", "sample", 0)
+                tv["AR vs AR"].append(total_variation(ref, draws("ar", "sample", 10_000)))
+                for r in rules:
+                    tv[r].append(total_variation(ref, draws("medusa", r, 20_000)))
+                    res = self.engine.generate(p, max_new_tokens, mode="medusa", tree=tree, accept=r,
+                                               temperature=temperature, seed=1)
+                    per_step[r][0] += res.new_tokens
+                    per_step[r][1] += res.steps
+        lossless = {"greedy": "yes, for greedy decoding (T = 0) only", "typical": "no",
+                    "sample": "yes, at any temperature", "AR vs AR": "(noise floor)"}
+        rows = [[r, lossless[r], round(per_step[r][0] / per_step[r][1], 3) if r in per_step else None,
+                 round(sum(tv[r]) / len(tv[r]), 3)] for r in tv]
+        return rows, (f"{n_prompts} prompts, {samples} samples each, first {prefix_tokens} tokens, T = {temperature}; "
+                      "greedy ignores the temperature (it is exact for T = 0)")
+
+
+def total_variation(a: list, b: list) -> float:
+    """TV distance between two empirical distributions (lists of outcomes)."""
+    from collections import Counter
+
+    ca, cb = Counter(a), Counter(b)
+    return 0.5 * sum(abs(ca[k] / len(a) - cb[k] / len(b)) for k in set(ca) | set(cb))
+
+
 def safe_name(name: str) -> str:
     """A file stem with no path parts: letters, digits, '-', '_' and '.', not starting with '.'."""
     clean = re.sub(r"[^A-Za-z0-9._-]+", "_", (name or "").strip()).strip("._")[:64]
