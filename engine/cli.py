@@ -40,7 +40,13 @@ def _generate(a) -> int:
     eng = load(a.model, heads=False if a.no_heads else a.heads, device=device, dtype=a.dtype,
                max_seq_len=a.max_seq_len, backend=a.backend, tp=tp)
     prompt = a.prompt if a.prompt_ids is None else _ids(a.prompt_ids)
-    res = eng.generate(prompt, a.max_new_tokens, mode=a.mode, tree=a.tree, accept=a.accept,
+    tree = a.tree
+    if tree and tree.lstrip().startswith(("[", "{")):  # inline tree JSON (never evaluated as Python)
+        try:
+            tree = json.loads(tree)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--tree: not valid JSON ({e.msg} at column {e.colno})") from None
+    res = eng.generate(prompt, a.max_new_tokens, mode=a.mode, tree=tree, accept=a.accept,
                        temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed, chat=a.chat,
                        trace_file=a.trace if tp.rank == 0 else None)
     if tp.rank != 0:
@@ -133,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt-ids", help="comma-separated token ids (models without a tokenizer)")
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--mode", choices=["ar", "medusa"], default="medusa")
-    g.add_argument("--tree", default=None, help="preset name or tree JSON file (default: the project's default)")
+    g.add_argument("--tree", default=None, help="preset name, tree JSON file, or inline JSON (default: the project's default)")
     g.add_argument("--accept", choices=["greedy", "typical", "sample"], default="greedy")
     g.add_argument("--temperature", type=float, default=0.7)
     g.add_argument("--top-k", type=int, default=0)

@@ -22,6 +22,7 @@ from .tp import SINGLE, TP
 from .trace import TraceWriter, header, step_trace
 
 MODES = ("ar", "medusa")
+MAX_TREE_NODES = 512  # candidates verified per step; beyond this a step costs more than it can win
 
 
 class GenerationError(ValueError):
@@ -133,9 +134,27 @@ class Engine:
         if self.heads is None:
             raise GenerationError("mode 'medusa' needs Medusa heads; this engine was loaded without any")
         try:
-            return trees.resolve(tree, topk=self.topk, num_heads=self.num_heads)
+            choices = trees.resolve(tree, topk=self.topk, num_heads=self.num_heads)
         except trees.TreeError as e:
             raise GenerationError(f"bad tree: {e}") from None
+        if len(choices) + 1 > MAX_TREE_NODES:
+            raise GenerationError(f"bad tree: {len(choices)} nodes; the engine verifies at most {MAX_TREE_NODES - 1} per step")
+        return choices
+
+    def check_cache_fits(self, batch: int, capacity: int) -> None:
+        """Refuse a KV cache that cannot fit before allocating it: a CPU allocation that overcommits
+        is killed by the OS later, not refused, so asking the allocator is not enough."""
+        a = self.args
+        elt = self.model.embed_tokens.weight.element_size()
+        need = 2 * a.n_layers * batch * (a.n_kv_heads // self.model.tp.world) * capacity * a.head_dim * elt
+        held = self.model.cache.k.numel() * 2 * elt if self.model.cache is not None else 0
+        if self.device.type == "cuda":
+            free = torch.cuda.mem_get_info(self.device)[0] + held
+        else:
+            free = available_memory() + held
+        if need > 0.9 * free:
+            raise GenerationError(f"out of memory: a KV cache for {batch} x {capacity} tokens needs {need / 2**30:.2f} GiB; "
+                                  f"{free / 2**30:.2f} GiB is free")
 
     # -- decoding ------------------------------------------------------------------------------
     def stream(
@@ -174,6 +193,8 @@ class Engine:
         except ValueError as e:
             raise GenerationError(str(e)) from None
         choices = self.resolve_tree(tree) if mode == "medusa" else None
+        tree_nodes = len(choices) + 1 if choices else 1
+        self.check_cache_fits(len(prompts), self.max_seq_len + tree_nodes)
         batch = [self.encode(p, chat=chat) for p in prompts]
         for r, ids in enumerate(batch):
             if len(ids) + max_new > self.max_seq_len:
@@ -183,7 +204,6 @@ class Engine:
                     f"exceeds the context of {self.max_seq_len} tokens"
                 )
         buf = trees.buffers(choices, topk=self.topk).to(self.device) if choices else None
-        tree_nodes = buf.num_nodes if buf is not None else 1
         try:
             self.model.setup_cache(len(batch), self.max_seq_len + tree_nodes)
         except torch.OutOfMemoryError:
@@ -302,6 +322,17 @@ class Engine:
                 traces=[e.trace for e in evs if e.trace is not None],
             ))
         return results if batched else results[0]
+
+
+def available_memory() -> int:
+    """Bytes of memory the OS can still give this process (Linux MemAvailable; else a page count)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def load_tokenizer(model_dir: Path):

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 Path = tuple[int, ...]
+MAX_DEPTH = 64  # far beyond any head count in use; bounds the work a hostile tree can cause
+MAX_PATHS = 8192
 
 
 class TreeError(ValueError):
@@ -42,7 +44,11 @@ def validate(choices: Iterable[object], topk: int = 10, num_heads: int | None = 
     paths: list[Path] = []
     seen: set[Path] = set()
     for i, raw in enumerate(choices):
+        if i >= MAX_PATHS:
+            raise TreeError(f"the tree has more than {MAX_PATHS} paths")
         p = _as_path(raw, i)
+        if len(p) > MAX_DEPTH:
+            raise TreeError(f"path #{i}: depth {len(p)} exceeds the limit of {MAX_DEPTH}")
         for r in p:
             if not 0 <= r < topk:
                 raise TreeError(f"path {list(p)}: rank {r} is outside [0, {topk})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import re
 import threading
 import time
@@ -22,6 +23,7 @@ from engine.prompts import heldout_prompts
 
 from . import figures
 
+log = logging.getLogger("workbench")
 MAX_PROMPT_CHARS = 20_000
 STEP_COLORS = ["#e3f2fd", "#fff3e0", "#e8f5e9", "#fce4ec", "#ede7f6", "#f1f8e9"]
 EDITOR = "(tree editor)"
@@ -178,6 +180,9 @@ class Workbench:
             self.all_traces.extend([{"type": "header"}] + traces)
         except (UserError, GenerationError, trees.TreeError) as e:
             yield {"error": str(e)}
+        except Exception as e:  # a bug, not bad input: say so, log the trace, keep serving
+            log.exception("decode failed")
+            yield {"error": f"internal error ({type(e).__name__}: {e}); the app is still running"}
 
     def collect(self, n_prompts: int, max_new_tokens: int) -> str:
         """Tune tab: AR runs with traces on bundled held-out prompts (every head's top-k is logged)."""
