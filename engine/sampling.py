@@ -15,7 +15,7 @@ class SamplingParams:
 
     def __post_init__(self):
         if not (0 <= self.temperature < float("inf")):
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+            raise ValueError(f"temperature must be >= 0 and finite, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not (0 < self.top_p <= 1):
