@@ -15,7 +15,7 @@ ACCEPT_RULES = ("greedy", "typical", "sample")
 
 def _paths(retrieve: torch.Tensor, node_tokens: torch.Tensor):
     safe = retrieve.clamp(min=0)
-    cand = node_tokens[safe[:, 1:]]  # [P, D] token of the node at each depth
+    cand = node_tokens[..., safe[:, 1:]]  # [..., P, D] token of the node at each depth
     parent = safe[:, :-1]  # [P, D] the node whose distribution judges it
     present = retrieve[:, 1:] >= 0
     return cand, parent, present
@@ -28,10 +28,8 @@ def verify_greedy_batch(retrieve: torch.Tensor, node_tokens: torch.Tensor, logit
     Under greedy decoding this reproduces plain autoregressive output exactly.
     """
     target = logits.argmax(-1)  # [B, T]
-    safe = retrieve.clamp(min=0)
-    cand = node_tokens[:, safe[:, 1:]]  # [B, P, D]
-    judge = target[:, safe[:, :-1]]  # [B, P, D] the parent's argmax
-    ok = (cand == judge) & (retrieve[:, 1:] >= 0)
+    cand, parent, present = _paths(retrieve, node_tokens)  # [B, P, D], [P, D], [P, D]
+    ok = (cand == target[:, parent]) & present
     lengths = ok.long().cumprod(-1).sum(-1)  # [B, P]
     rows = lengths.argmax(-1)  # torch.argmax returns the first maximum
     return rows, lengths.gather(1, rows[:, None])[:, 0]

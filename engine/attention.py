@@ -48,20 +48,17 @@ def sdpa_attention(q, k, v, start: int, block_mask: torch.Tensor | None, mask: t
     if isinstance(start, torch.Tensor):
         if mask is None:
             mask = batch_mask(start, block_mask, t, k.shape[2], hq // hkv)
-        if hq == hkv:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        out = F.scaled_dot_product_attention(q.reshape(b, hkv, (hq // hkv) * t, d), k, v, attn_mask=mask)
-        return out.reshape(b, hq, t, d)
-    k, v = k[:, :, : start + t], v[:, :, : start + t]
-    if hq == hkv and block_mask is None and start == 0:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    if mask is None:
-        mask = full_mask(start, block_mask, t, q.device)
+    else:
+        k, v = k[:, :, : start + t], v[:, :, : start + t]
+        if hq == hkv and block_mask is None and start == 0:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if mask is None:
+            mask = full_mask(start, block_mask, t, q.device)
     if hq == hkv:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     # GQA without copying K/V: the G query heads of a KV head become G*T rows of one query block
     g = hq // hkv
-    if mask.shape[0] == t:
+    if mask.dim() == 2 and mask.shape[0] == t:  # one row per token: repeat it for each query head
         mask = mask.repeat(g, 1)
     out = F.scaled_dot_product_attention(q.reshape(b, hkv, g * t, d), k, v, attn_mask=mask)
     return out.reshape(b, hq, t, d)

@@ -209,10 +209,8 @@ def run_step(shapes, prefix: int, backend: str) -> dict:
             row["ar_over_floor"] = round(row["ar_ms"] / floor_ms, 3)
             for n in (16, 32, 64):
                 row[f"tree_{n}_over_ar"] = round(row[f"tree_{n}_ms"] / row["ar_ms"], 3)
-            x = ids[:, :prefix]
-
             def hf_gen(new):
-                return lambda: hf.generate(x, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                return lambda: hf.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
                                            pad_token_id=0)
 
             per_token = (_cuda_ms(hf_gen(33), 5) - _cuda_ms(hf_gen(1), 5)) / 32

@@ -196,10 +196,12 @@ def tree_step(
     state.head_logits = _head_logits(heads, model, hidden[rows, last])
     state.lengths = start + kept
     state.root = next_root
-    kept_host = kept.tolist()  # the one host sync of the step: what each request committed
-    state.host_lengths = [n + k for n, k in zip(state.host_lengths, kept_host)]
+    # the one host transfer of the step: what each request committed, and which nodes
+    committed = torch.cat((kept[:, None], nodes, node_tokens.gather(1, nodes)), dim=1).tolist()
+    depth = nodes.shape[1]
     out = []
-    for r, k in enumerate(kept_host):
-        path = nodes[r, :k]
-        out.append(StepResult(node_tokens[r, path].tolist(), path.tolist(), node_tokens[r], logits[r], head_logits[r]))
+    for r, row in enumerate(committed):
+        k = row[0]
+        state.host_lengths[r] += k
+        out.append(StepResult(row[1 + depth : 1 + depth + k], row[1 : 1 + k], node_tokens[r], logits[r], head_logits[r]))
     return out

@@ -178,8 +178,8 @@ class Engine:
                                   top_p, seed, chat, stop_on_eos, trace_file):
             yield events[0][1]
 
-    def _steps(self, prompts, max_new, mode, tree, accept, trace, temperature, top_k, top_p, seed, chat, stop_on_eos,
-               trace_file) -> Iterator[list[tuple[int, StepEvent]]]:
+    def _steps(self, prompts, max_new, mode, tree, accept, trace, temperature=0.0, top_k=0, top_p=1.0, seed=None,
+               chat=False, stop_on_eos=True, trace_file=None) -> Iterator[list[tuple[int, StepEvent]]]:
         """Validate everything, then decode all prompts as one batch: each step yields the event of
         every request still running, as (request index, event); finished requests leave the batch."""
         if mode not in MODES:
@@ -232,6 +232,7 @@ class Engine:
         state: DecodeState = prefill(self.model, with_heads, batch, params, gen)
         active = list(range(len(batch)))  # request index of each batch row
         produced: list[list[int]] = [[] for _ in batch]
+        parent = buf.parent.tolist() if mode == "medusa" else [-1]
         step = 0
         while active:
             t0 = time.perf_counter()
@@ -263,7 +264,6 @@ class Engine:
                     finish = "length"
                 record = None
                 if want_trace:
-                    parent = buf.parent.tolist() if mode == "medusa" else [-1]
                     record = step_trace(step, prefix_lens[row], choices or [], res, parent, self.topk, ms,
                                         self.decode_token)
                     if len(batch) > 1:
@@ -290,20 +290,13 @@ class Engine:
         batched = isinstance(prompt_or_ids, (list, tuple)) and bool(prompt_or_ids) and \
             all(isinstance(p, (str, list, tuple)) for p in prompt_or_ids)
         prompts = list(prompt_or_ids) if batched else [prompt_or_ids]
-        opts = {k: kw.pop(k) for k in ("temperature", "top_k", "top_p", "seed", "chat", "stop_on_eos", "trace_file")
-                if k in kw}
-        if kw:
-            raise GenerationError(f"unknown generate option {sorted(kw)[0]!r}")
-        defaults = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": None, "chat": False, "stop_on_eos": True,
-                    "trace_file": None}
-        o = {**defaults, **opts}
         t0 = time.perf_counter()
         per_request: list[list[StepEvent]] = [[] for _ in prompts]
-        for events in self._steps(prompts, max_new_tokens, mode, tree, accept, trace, o["temperature"], o["top_k"],
-                                  o["top_p"], o["seed"], o["chat"], o["stop_on_eos"], o["trace_file"]):
+        for events in self._steps(prompts, max_new_tokens, mode, tree, accept, trace, **kw):
             for req, ev in events:
                 per_request[req].append(ev)
         wall = time.perf_counter() - t0
+        choices = self.resolve_tree(tree) if mode == "medusa" else None
         results = []
         for p, evs in zip(prompts, per_request):
             token_ids = [t for e in evs for t in e.tokens]
@@ -316,8 +309,8 @@ class Engine:
                 wall_s=wall,
                 tokens_per_s=len(token_ids) / wall if wall > 0 else 0.0,
                 mode=mode,
-                tree=self.resolve_tree(tree) if mode == "medusa" else None,
-                prompt_tokens=len(self.encode(p, chat=o["chat"])),
+                tree=choices,
+                prompt_tokens=len(self.encode(p, chat=kw.get("chat", False))),
                 finish_reason=evs[-1].finish_reason if evs else "length",
                 traces=[e.trace for e in evs if e.trace is not None],
             ))

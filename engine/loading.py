@@ -101,8 +101,6 @@ def _tensors(path: Path, tp: TP):
                 sl = f.get_slice(key)
                 part = tp.part(sl.get_shape()[dim])
                 yield key, sl[part] if dim == 0 else sl[:, part]
-    except ModelLoadError:
-        raise
     except Exception as e:
         raise ModelLoadError(f"{path}: cannot read weights ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
 
