@@ -8,10 +8,21 @@ slots j where block_mask[i, j] (None = causal). Backends: `sdpa` (the reference,
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 BACKENDS = ("sdpa", "triton")
+
+
+@functools.lru_cache(maxsize=64)
+def causal_bits(t: int, device: torch.device) -> torch.Tensor:
+    """The causal [t, t] mask packed for the triton kernel, made once per (t, device): AR steps and
+    prefill reuse it, and a captured CUDA graph never copies it from the host."""
+    from trees import pack_mask_bits
+
+    return pack_mask_bits(torch.ones(t, t, dtype=torch.bool).tril()).to(device)
 
 
 def full_mask(start: int, block_mask: torch.Tensor | None, t: int, device, groups: int = 1) -> torch.Tensor:
@@ -65,13 +76,13 @@ def sdpa_attention(q, k, v, start: int, block_mask: torch.Tensor | None, mask: t
 
 
 def attention(q, k, v, start: int, block_mask: torch.Tensor | None, backend: str = "sdpa",
-              dense_mask: torch.Tensor | None = None) -> torch.Tensor:
+              dense_mask: torch.Tensor | None = None, fuse: bool = False) -> torch.Tensor:
     """dense_mask: what the backend precomputed once per forward (SDPA: the full bool mask;
-    triton: the block's packed ancestor bits)."""
+    triton: the block's packed ancestor bits). fuse: merge the kernel's splits with a compiled op."""
     if backend == "sdpa":
         return sdpa_attention(q, k, v, start, block_mask, dense_mask)
     if backend == "triton":
         from .kernels.tree_attention import tree_attention
 
-        return tree_attention(q, k, v, start, block_mask, mask_bits=dense_mask)
+        return tree_attention(q, k, v, start, block_mask, mask_bits=dense_mask, fuse=fuse)
     raise ValueError(f"unknown attention backend {backend!r}; choose from {', '.join(BACKENDS)}")

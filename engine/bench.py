@@ -18,6 +18,7 @@ Parts:
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import time
@@ -33,6 +34,8 @@ def add_bench_args(p) -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
     p.add_argument("--backend", default="sdpa", choices=["sdpa", "triton"])
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="e2e/batch parts: replay greedy steps from CUDA graphs (default: on with CUDA)")
     p.add_argument("--prompts", type=int, default=12, help="number of held-out prompts")
     p.add_argument("--offset", type=int, default=12, help="skip this many held-out prompts (kept for tuning)")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -52,7 +55,7 @@ def _env(eng) -> dict:
             "torch": torch.__version__, "dtype": str(eng.model.embed_tokens.weight.dtype).replace("torch.", "")}
 
 
-def run_e2e(eng, prompts, max_new, tree_names) -> dict:
+def run_e2e(eng, model: str, prompts, max_new, tree_names) -> dict:
     def run(mode, tree=None):
         eng.generate(prompts[0], 8, mode=mode, tree=tree)  # warm-up
         tokens = steps = 0
@@ -67,7 +70,8 @@ def run_e2e(eng, prompts, max_new, tree_names) -> dict:
                 "tokens_per_s": round(tokens / wall, 2)}, outs
 
     ar, ar_out = run("ar")
-    out = {"ar": ar, "medusa": {}}
+    out = {"transformers": run_transformers(eng, model, prompts, max_new, ar_out), "ar": ar, "medusa": {}}
+    out["ar"]["speedup_vs_transformers"] = round(ar["tokens_per_s"] / out["transformers"]["tokens_per_s"], 3)
     for name in tree_names:
         m, m_out = run("medusa", name)
         m["nodes"] = len(eng.resolve_tree(name))
@@ -75,6 +79,34 @@ def run_e2e(eng, prompts, max_new, tree_names) -> dict:
         m["greedy_output_equals_ar"] = m_out == ar_out
         out["medusa"][name] = m
     return out
+
+
+def run_transformers(eng, model: str, prompts, max_new: int, ar_out: list[list[int]]) -> dict:
+    """The peer: `transformers` greedy generate on the same weights, device and dtype."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from .loading import resolve_model_dir
+
+    hf = AutoModelForCausalLM.from_pretrained(str(resolve_model_dir(model)), dtype=eng.model.embed_tokens.weight.dtype,
+                                              local_files_only=True).to(eng.device).eval()
+    eos = sorted(eng.eos_ids)
+
+    def gen(ids, n):
+        x = torch.tensor([ids], device=eng.device)
+        with torch.inference_mode():
+            y = hf.generate(x, max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=eos[0] if eos else 0)
+        return y[0, len(ids):].tolist()
+
+    gen(eng.encode(prompts[0]), 8)  # warm-up
+    outs = []
+    t0 = time.perf_counter()
+    for p in prompts:
+        outs.append(gen(eng.encode(p), max_new))
+    wall = time.perf_counter() - t0
+    tokens = sum(map(len, outs))
+    return {"tokens": tokens, "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 2),
+            "greedy_output_equals_ours_ar": outs == ar_out}
 
 
 def run_latency(eng, prompts, sizes, traces) -> dict:
@@ -140,7 +172,7 @@ SHAPES = {
 
 
 def _cuda_ms(fn, iters: int = 30) -> float:
-    """Median wall time of fn() in ms, synchronised (eager launches, no CUDA graph)."""
+    """Median wall time of fn() in ms, synchronised."""
     import statistics
 
     import torch
@@ -158,13 +190,18 @@ def _cuda_ms(fn, iters: int = 30) -> float:
 
 
 def run_step(shapes, prefix: int, backend: str) -> dict:
+    """Real decode steps (engine.decode, random Medusa heads sharing lm_head) after `prefix`
+    committed tokens: eager, replayed from CUDA graphs, and graphs of fused pointwise ops; against
+    the weight-read floor and transformers generate."""
     import torch
     import transformers
 
     import trees
 
-    from .accept import verify_greedy_batch
     from .config import ModelArgs, rope_inv_freq
+    from .decode import ar_step, prefill, tree_step
+    from .graphs import GREEDY, StepGraphs
+    from .heads import MedusaHeads
     from .model import Transformer
 
     bw = copy_bandwidth()
@@ -179,43 +216,45 @@ def run_step(shapes, prefix: int, backend: str) -> dict:
         ours.load_state_dict(sd, strict=False, assign=True)  # the same tensors: no second copy
         ours.inv_freq = rope_inv_freq(ours.args).cuda()
         ours.backend = backend
+        heads = MedusaHeads(4, 1, cfg.hidden_size, None).to("cuda", torch.bfloat16)
+        with torch.no_grad():
+            heads.weight.normal_(0, 0.01)
         weight_bytes = sum(v.numel() * v.element_size() for k, v in sd.items() if "embed_tokens" not in k)
         floor_ms = weight_bytes / bw * 1e3
         row = {"shape": name, "weight_GB": round(weight_bytes / 1e9, 2), "weight_floor_ms": round(floor_ms, 3)}
-        ours.setup_cache(1, prefix + 128)
-        ids = torch.randint(0, cfg.vocab_size, (1, prefix), device="cuda")
-        with torch.inference_mode():
-            ours(ids, torch.arange(prefix, device="cuda"))
-            starts = torch.tensor([prefix], device="cuda")
-            for n in (0, 16, 32, 64):
-                choices = trees.best_tree_independent([[0.6, 0.15, 0.08, 0.05, 0.03]] * 4, n) if n else None
-                buf = trees.buffers(choices, topk=5).to("cuda") if n else None
-                t = n + 1
+        ours.setup_cache(1, prefix + 1024)
+        prompt = torch.randint(0, cfg.vocab_size, (prefix,)).tolist()
+        plain, fused = StepGraphs(ours), StepGraphs(ours)  # graphs of unfused and of fused pointwise ops
+        for n in (0, 16, 32, 64):
+            choices = trees.best_tree_independent([[0.6, 0.15, 0.08, 0.05, 0.03]] * 4, n) if n else None
+            buf = trees.buffers(choices, topk=10).to("cuda") if n else None
+            key = "ar" if n == 0 else f"tree_{n}"
+            for variant, graphs in (("", None), ("_graph", plain), ("_graph_fused", fused)):
+                ours.fused = variant == "_graph_fused"
+                state = prefill(ours, heads if n else None, [prompt], GREEDY, None)
 
                 def step():
-                    tok = torch.randint(0, cfg.vocab_size, (1, t), device="cuda")
-                    pos = starts[:, None] + (buf.position_ids[None] if buf else 0)
-                    h = ours(tok, pos, start=starts, block_mask=buf.attn_mask if buf else None, span=prefix + t)
-                    logits = ours.lm_head(h).float()
-                    if buf is not None:
-                        rows, lengths = verify_greedy_batch(buf.retrieve_indices, tok, logits)
-                        nodes = buf.retrieve_indices[rows].clamp(min=0)
-                        ours.cache.compact(starts[:, None] + nodes, starts[:, None] + nodes)
-                    return logits.argmax(-1)
+                    if graphs is not None:
+                        return graphs.step(heads if n else None, buf, choices, state)
+                    if n:
+                        return tree_step(ours, heads, buf, state, "greedy", GREEDY, None)
+                    return ar_step(ours, None, state, GREEDY, None)
 
-                ms = _cuda_ms(step)
-                key = "ar" if n == 0 else f"tree_{n}"
-                row[f"{key}_ms"] = round(ms, 3)
-            row["ar_over_floor"] = round(row["ar_ms"] / floor_ms, 3)
+                row[f"{key}{variant}_ms"] = round(_cuda_ms(step), 3)
+        row["ar_over_floor"] = round(row["ar_ms"] / floor_ms, 3)
+        for v in ("", "_graph", "_graph_fused"):
+            row[f"ar{v}_over_floor"] = round(row[f"ar{v}_ms"] / floor_ms, 3)
             for n in (16, 32, 64):
-                row[f"tree_{n}_over_ar"] = round(row[f"tree_{n}_ms"] / row["ar_ms"], 3)
-            def hf_gen(new):
-                return lambda: hf.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                                           pad_token_id=0)
+                row[f"tree_{n}{v}_over_ar{v}"] = round(row[f"tree_{n}{v}_ms"] / row[f"ar{v}_ms"], 3)
+        ids = torch.tensor([prompt], device="cuda")
 
+        def hf_gen(new):
+            return lambda: hf.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+
+        with torch.inference_mode():
             per_token = (_cuda_ms(hf_gen(33), 5) - _cuda_ms(hf_gen(1), 5)) / 32
         row["transformers_generate_ms_per_token"] = round(per_token, 3)
-        row["transformers_over_ours_ar"] = round(per_token / row["ar_ms"], 3)
+        row["transformers_over_ours_ar_graph_fused"] = round(per_token / row["ar_graph_fused_ms"], 3)
         out["rows"].append(row)
         torch.cuda.empty_cache()
     return out
@@ -318,11 +357,11 @@ def run_bench(a) -> int:
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    eng = load(a.model, device=a.device, dtype=a.dtype, backend=a.backend)
+    eng = load(a.model, device=a.device, dtype=a.dtype, backend=a.backend, cuda_graphs=a.cuda_graphs)
     prompts = heldout_prompts(a.offset + a.prompts)[a.offset:]
     result = {"part": a.part, "model": a.model, **_env(eng), "prompts": len(prompts), "max_new_tokens": a.max_new_tokens}
     if a.part == "e2e":
-        result.update(run_e2e(eng, prompts, a.max_new_tokens, [t for t in a.trees.split(",") if t]))
+        result.update(run_e2e(eng, a.model, prompts, a.max_new_tokens, [t for t in a.trees.split(",") if t]))
     elif a.part == "batch":
         result.update(run_batch(eng, prompts, a.max_new_tokens, [int(b) for b in a.batches.split(",")],
                                 [int(s) for s in a.sizes.split(",")], a.traces))

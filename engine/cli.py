@@ -38,7 +38,7 @@ def _generate(a) -> int:
 
     tp, device = _tensor_parallel(a)
     eng = load(a.model, heads=False if a.no_heads else a.heads, device=device, dtype=a.dtype,
-               max_seq_len=a.max_seq_len, backend=a.backend, tp=tp)
+               max_seq_len=a.max_seq_len, backend=a.backend, tp=tp, cuda_graphs=a.cuda_graphs)
     prompt = a.prompt if a.prompt_ids is None else _ids(a.prompt_ids)
     tree = a.tree
     if tree and tree.lstrip().startswith(("[", "{")):  # inline tree JSON (never evaluated as Python)
@@ -150,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     g.add_argument("--max-seq-len", type=int, default=None)
     g.add_argument("--backend", default="sdpa", choices=["sdpa", "triton"])
+    g.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="replay greedy steps from CUDA graphs (default: on when the device is CUDA)")
     g.add_argument("--trace", default=None, metavar="FILE.jsonl", help="write one JSON line per step")
     g.add_argument("--json", action="store_true")
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (launch with torchrun --nproc-per-node N)")

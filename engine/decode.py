@@ -79,18 +79,52 @@ def prefill(model: Transformer, heads: MedusaHeads | None, prompts: list[list[in
     return DecodeState(lengths, lens, choose_next(logits, params, gen), _head_logits(heads, model, last))
 
 
-@torch.inference_mode()
-def ar_step(model: Transformer, heads: MedusaHeads | None, state: DecodeState, params, gen) -> list[StepResult]:
+@dataclass
+class StepTensors:
+    """What one step produced, on the device: `packed` [B, 1 + 2W] is each request's kept count,
+    its W accepted nodes (padded by repeating the last) and their W tokens; the rest feeds traces."""
+
+    packed: torch.Tensor
+    logits: torch.Tensor  # [B, T, V] target logits at each node (T = 1 for AR)
+    node_tokens: torch.Tensor | None  # [B, T] candidates verified (Medusa only)
+    head_logits: torch.Tensor | None  # [B, K, V] the heads' logits this step drafted from
+
+
+def ar_forward(model: Transformer, heads: MedusaHeads | None, state: DecodeState, params, gen,
+               span: int | None = None) -> StepTensors:
+    """Device work of an AR step (no host sync): updates state's tensors, not host_lengths."""
     root = state.root
+    drafted_from = state.head_logits
     hidden = model(root[:, None], state.lengths[:, None], start=state.lengths, block_mask=None,
-                   span=max(state.host_lengths) + 1)[:, 0]
+                   span=span or max(state.host_lengths) + 1)[:, 0]
     logits = model.lm_head(hidden).float()  # [B, V]
     # the heads only run when asked for (traces of AR runs feed head statistics)
     state.head_logits = _head_logits(heads, model, hidden)
     state.lengths = state.lengths + 1
-    state.host_lengths = [n + 1 for n in state.host_lengths]
     state.root = choose_next(logits, params, gen)
-    return [StepResult([t], [0], node_logits=logits[r : r + 1]) for r, t in enumerate(root.tolist())]
+    one = torch.ones_like(root)
+    packed = torch.stack((one, torch.zeros_like(root), root), dim=1)
+    return StepTensors(packed, logits[:, None], None, drafted_from)
+
+
+@torch.inference_mode()
+def ar_step(model: Transformer, heads: MedusaHeads | None, state: DecodeState, params, gen) -> list[StepResult]:
+    return finish_step(state, ar_forward(model, heads, state, params, gen))
+
+
+def finish_step(state: DecodeState, st: StepTensors, packed: list[list[int]] | None = None) -> list[StepResult]:
+    """Host side of a step: the one transfer (unless the caller already read `packed`), host
+    lengths, and one StepResult per request."""
+    rows = st.packed.tolist() if packed is None else packed
+    w = (len(rows[0]) - 1) // 2
+    out = []
+    for r, row in enumerate(rows):
+        k = row[0]
+        state.host_lengths[r] += k
+        out.append(StepResult(row[1 + w : 1 + w + k], row[1 : 1 + k],
+                              st.node_tokens[r] if st.node_tokens is not None else None, st.logits[r],
+                              st.head_logits[r] if st.head_logits is not None else None))
+    return out
 
 
 def draft(state: DecodeState, buf: TreeBuffers) -> torch.Tensor:
@@ -170,22 +204,17 @@ def _accept(buf: TreeBuffers, node_tokens, logits, accept: str, params: Sampling
     return nodes, torch.tensor(kept, device=dev), torch.stack(roots)
 
 
-@torch.inference_mode()
-def tree_step(
-    model: Transformer,
-    heads: MedusaHeads,
-    buf: TreeBuffers,
-    state: DecodeState,
-    accept: str,
-    params: SamplingParams,
-    gen: torch.Generator | None,
-) -> list[StepResult]:
+def tree_forward(model: Transformer, heads: MedusaHeads, buf: TreeBuffers, state: DecodeState, accept: str,
+                 params: SamplingParams, gen, span: int | None = None) -> StepTensors:
+    """Device work of a tree step: draft, one forward over every node, verify, compact K/V, next
+    heads. Greedy acceptance never syncs with the host (so it can be captured in a CUDA graph);
+    typical and sample verify row by row. Updates state's tensors, not host_lengths."""
     start = state.lengths
-    head_logits = state.head_logits
+    drafted_from = state.head_logits
     node_tokens = draft(state, buf)  # [B, T]
     positions = start[:, None] + buf.position_ids[None]
-    hidden = model(node_tokens, positions, start=start, block_mask=buf.attn_mask,
-                   span=max(state.host_lengths) + buf.num_nodes)  # [B, T, d]
+    hidden = model(node_tokens, positions, start=start, block_mask=buf.attn_mask, mask_bits=buf.mask_bits,
+                   span=span or max(state.host_lengths) + buf.num_nodes)  # [B, T, d]
     logits = model.lm_head(hidden).float()  # [B, T, V]
     nodes, kept, next_root = _accept(buf, node_tokens, logits, accept, params, gen)
     # the accepted path's K/V move to the slots right after each request's prefix
@@ -196,12 +225,11 @@ def tree_step(
     state.head_logits = _head_logits(heads, model, hidden[rows, last])
     state.lengths = start + kept
     state.root = next_root
-    # the one host transfer of the step: what each request committed, and which nodes
-    committed = torch.cat((kept[:, None], nodes, node_tokens.gather(1, nodes)), dim=1).tolist()
-    depth = nodes.shape[1]
-    out = []
-    for r, row in enumerate(committed):
-        k = row[0]
-        state.host_lengths[r] += k
-        out.append(StepResult(row[1 + depth : 1 + depth + k], row[1 : 1 + k], node_tokens[r], logits[r], head_logits[r]))
-    return out
+    packed = torch.cat((kept[:, None], nodes, node_tokens.gather(1, nodes)), dim=1)
+    return StepTensors(packed, logits, node_tokens, drafted_from)
+
+
+@torch.inference_mode()
+def tree_step(model: Transformer, heads: MedusaHeads, buf: TreeBuffers, state: DecodeState, accept: str,
+              params: SamplingParams, gen: torch.Generator | None) -> list[StepResult]:
+    return finish_step(state, tree_forward(model, heads, buf, state, accept, params, gen))

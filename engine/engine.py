@@ -14,6 +14,7 @@ import trees
 
 from .config import ModelLoadError
 from .decode import DecodeState, ar_step, prefill, tree_step
+from .graphs import StepGraphs
 from .heads import MedusaHeads
 from .loading import find_heads, load_base, load_heads, resolve_model_dir
 from .model import Transformer
@@ -80,8 +81,14 @@ def _dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype
 
 class Engine:
     def __init__(self, model: Transformer, heads: MedusaHeads | None, tokenizer, name: str, heads_source: str | None,
-                 max_seq_len: int | None = None):
+                 max_seq_len: int | None = None, cuda_graphs: bool | None = None):
         self.model, self.heads, self.tokenizer = model, heads, tokenizer
+        on_cuda = model.embed_tokens.weight.device.type == "cuda"
+        if cuda_graphs and not on_cuda:
+            raise ModelLoadError("cuda_graphs needs a CUDA device")
+        # greedy steps replay captured CUDA graphs (engine/graphs.py); on by default on CUDA
+        self.graphs = StepGraphs(model) if (on_cuda if cuda_graphs is None else cuda_graphs) else None
+        model.fused = self.graphs is not None  # and pointwise ops fused (engine/fused.py)
         self.name, self.heads_source = name, heads_source
         self.args = model.args
         context = self.args.max_position_embeddings
@@ -233,17 +240,17 @@ class Engine:
         active = list(range(len(batch)))  # request index of each batch row
         produced: list[list[int]] = [[] for _ in batch]
         parent = buf.parent.tolist() if mode == "medusa" else [-1]
+        graphs = self.graphs if self.graphs and StepGraphs.usable(self.model, accept, params, mode) else None
         step = 0
         while active:
             t0 = time.perf_counter()
             prefix_lens = list(state.host_lengths)
-            if mode == "medusa":
+            if graphs is not None:
+                results = graphs.step(self.heads if mode == "medusa" else with_heads, buf, choices, state)
+            elif mode == "medusa":
                 results = tree_step(self.model, self.heads, buf, state, accept, params, gen)
             else:
-                head_logits = state.head_logits
                 results = ar_step(self.model, with_heads, state, params, gen)
-                for row, res in enumerate(results):
-                    res.head_logits = head_logits[row] if head_logits is not None else None
             if sync:
                 torch.cuda.synchronize()
             ms = (time.perf_counter() - t0) * 1000
@@ -348,6 +355,7 @@ def load(
     max_seq_len: int | None = None,
     backend: str = "sdpa",
     tp: TP = SINGLE,
+    cuda_graphs: bool | None = None,
 ) -> Engine:
     """Load a local Llama-family model and its Medusa heads.
 
@@ -355,6 +363,7 @@ def load(
     `medusa_head.*` keys in a Medusa-2 checkpoint); heads=False loads none; a path loads that file.
     tp: this process's place in a tensor-parallel group (`engine.tp.init_from_env`); every rank
     then runs the same generate calls and gets the same tokens.
+    cuda_graphs: replay greedy steps from captured CUDA graphs (None = on when the device is CUDA).
     """
     dev = torch.device(device) if device is not None else default_device()
     dt = _dtype(dtype, dev)
@@ -374,4 +383,4 @@ def load(
             source = str(found)
         elif heads is True:
             raise ModelLoadError(f"{model_dir}: no Medusa heads found")
-    return Engine(base, medusa, load_tokenizer(model_dir), str(model), source, max_seq_len)
+    return Engine(base, medusa, load_tokenizer(model_dir), str(model), source, max_seq_len, cuda_graphs)

@@ -11,12 +11,12 @@ length for the whole batch: prefill, training) or a [B] device tensor of per-req
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from trees import pack_mask_bits
 
-from .attention import attention, batch_mask, full_mask
+from . import fused
+from .attention import attention, batch_mask, causal_bits, full_mask
 from .config import ModelArgs, rope_inv_freq
 from .tp import SINGLE, TP
 
@@ -59,15 +59,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Same order as transformers: normalise in float32, cast back, then scale.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
+        return fused.rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -85,27 +77,26 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * hd, d, bias=args.o_bias)
 
     def forward(self, x, cos, sin, cache: KVCache | None, layer: int, start, block_mask, backend: str,
-                dense_mask: torch.Tensor | None = None, span: int = 0):
+                dense_mask: torch.Tensor | None = None, span: int = 0, fuse: bool = False):
         b, t, _ = x.shape
         hd = self.args.head_dim
         q = self.q_proj(x).view(b, t, self.n_heads, hd).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.n_kv_heads, hd).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv_heads, hd).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q, k = fused.op("rope", fuse)(q, k, cos, sin)
         if cache is None:  # training / scoring: no cache, attend within the block only
             out = attention(q, k, v, 0, block_mask, backend="sdpa")
         elif isinstance(start, int):
             cache.k[layer, :b, :, start : start + t] = k
             cache.v[layer, :b, :, start : start + t] = v
-            out = attention(q, cache.k[layer, :b], cache.v[layer, :b], start, block_mask, backend, dense_mask)
+            out = attention(q, cache.k[layer, :b], cache.v[layer, :b], start, block_mask, backend, dense_mask, fuse)
         else:  # per-request lengths: request r writes slots start[r] .. start[r]+t-1
             rows = torch.arange(b, device=x.device)[:, None]
             slots = start[:, None] + torch.arange(t, device=x.device)
             cache.k[layer][rows, :, slots] = k.transpose(1, 2)
             cache.v[layer][rows, :, slots] = v.transpose(1, 2)
             out = attention(q, cache.k[layer, :b, :, :span], cache.v[layer, :b, :, :span], start, block_mask, backend,
-                            dense_mask)
+                            dense_mask, fuse)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * hd))
 
 
@@ -117,8 +108,8 @@ class FeedForward(nn.Module):
         self.up_proj = nn.Linear(args.dim, inner, bias=args.mlp_bias)
         self.down_proj = nn.Linear(inner, args.dim, bias=args.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, fuse: bool = False) -> torch.Tensor:
+        return self.down_proj(fused.op("silu_mul", fuse)(self.gate_proj(x), self.up_proj(x)))
 
 
 class Block(nn.Module):
@@ -146,6 +137,7 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
         self.cache: KVCache | None = None
         self.backend = "sdpa"
+        self.fused = False  # pointwise ops compiled into single kernels (engine/fused.py; CUDA graphs turn it on)
 
     def setup_cache(self, batch: int, capacity: int) -> KVCache:
         w = self.embed_tokens.weight
@@ -167,10 +159,13 @@ class Transformer(nn.Module):
         block_mask: torch.Tensor | None = None,
         use_cache: bool = True,
         span: int | None = None,
+        mask_bits: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """tokens, positions [B, T] -> final-normed hidden states [B, T, dim] (feed lm_head or heads).
 
         With per-request `start` [B], `span` (a host int >= max(start) + T) bounds the cache slots read.
+        `mask_bits`: block_mask already packed on the device (TreeBuffers.mask_bits), so the triton
+        backend needs no host-to-device copy (required inside a CUDA graph).
         """
         x = self.embed_tokens(tokens)
         if positions.dim() == 1:
@@ -188,11 +183,21 @@ class Transformer(nn.Module):
         elif cache is not None and self.backend == "sdpa" and (start > 0 or block_mask is not None):
             dense = full_mask(start, block_mask, t, x.device, a.n_heads // a.n_kv_heads)
         elif cache is not None and self.backend == "triton":
-            bm = block_mask if block_mask is not None else torch.ones(t, t, dtype=torch.bool).tril()
-            dense = pack_mask_bits(bm.cpu()).to(x.device)
+            if mask_bits is not None:
+                dense = mask_bits
+            elif block_mask is None:
+                dense = causal_bits(t, x.device)
+            else:
+                dense = pack_mask_bits(block_mask.cpu()).to(x.device)
+        # x += attn(norm(x)); x += mlp(norm(x)); ... norm(x), with each residual add fused into the next norm
+        add_norm = fused.op("add_rms_norm", self.fused)
+        eps = a.norm_eps
+        h = fused.op("rms_norm", self.fused)(x, (self.layers[0].input_layernorm if self.layers else self.norm).weight, eps)
         for i, layer in enumerate(self.layers):
-            h = layer.input_layernorm(x)
-            x = x + self.tp.all_reduce(layer.self_attn(h, cos, sin, cache, i, start, block_mask, self.backend, dense,
-                                                       span or 0))
-            x = x + self.tp.all_reduce(layer.mlp(layer.post_attention_layernorm(x)))
-        return self.norm(x)
+            out = self.tp.all_reduce(layer.self_attn(h, cos, sin, cache, i, start, block_mask, self.backend, dense,
+                                                     span or 0, self.fused))
+            x, h = add_norm(x, out, layer.post_attention_layernorm.weight, eps)
+            out = self.tp.all_reduce(layer.mlp(h, self.fused))
+            nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+            x, h = add_norm(x, out, nxt.weight, eps)
+        return h

@@ -127,3 +127,9 @@ def test_trace_records_the_step(model_pair, tmp_path):
     # the empirical estimate of the tree that ran equals what it actually accepted (greedy)
     assert trees.expected_empirical([[0], [0, 0], [0, 0, 0]], vec[:-3]) == pytest.approx(
         sum(len(r["accepted_tokens"]) for r in rows[1:-3]) / (res.steps - 3))
+
+
+def test_cuda_graphs_on_a_cpu_engine_is_a_clear_error(llama_dir):
+    with pytest.raises(engine.ModelLoadError, match="cuda_graphs needs a CUDA device"):
+        engine.load(llama_dir, device="cpu", cuda_graphs=True)
+    assert engine.load(llama_dir, device="cpu").graphs is None  # default: off without CUDA

@@ -200,3 +200,18 @@ def test_live_app_under_concurrency_cancel_and_faults():
     assert out["cancel"]["next_run_ok"]
     assert all(f["as_expected"] and f["next_good_run_unchanged"] for f in out["faults"]), out["faults"]
     assert out["sequential"]["mismatches"] == 0
+    access = out["file_access"]  # only saved trees come back through the file route; uploads are bounded
+    assert access["saved tree"] == 200 and access["upload 10 KB"] == 200 and access["upload 2 MB"] == 413, access
+    assert all(code in (403, 404) for name, code in access.items() if name not in ("saved tree", "upload 10 KB",
+                                                                                  "upload 2 MB")), access
+
+
+def test_the_tune_log_is_bounded_and_keeps_the_newest_steps(demo_engine, tmp_path, monkeypatch):
+    import workbench.handlers as handlers
+
+    monkeypatch.setattr(handlers, "MAX_LOGGED_STEPS", 10)
+    wb = handlers.Workbench(demo_engine, tmp_path)
+    runs = [list(wb.stream(p, "demo_tuned", "", "medusa", "greedy", 0.7, 16))[-1]["traces"]
+            for p in ("def f(x):\n", "import os\n", "class A:\n")]
+    newest = [v for r in runs for v in trees.rank_vectors(r)][-10:]
+    assert sum(len(r) for r in runs) > 10 and list(wb.rank_log) == newest

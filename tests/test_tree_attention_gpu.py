@@ -51,8 +51,8 @@ def test_engine_greedy_medusa_with_triton_equals_ar():
     import engine
     from engine.prompts import heldout_prompts
 
-    eng = engine.load("demo", device="cuda", dtype="float32", backend="triton")
-    ref = engine.load("demo", device="cuda", dtype="float32", backend="sdpa")
+    eng = engine.load("demo", device="cuda", dtype="float32", backend="triton", cuda_graphs=False)
+    ref = engine.load("demo", device="cuda", dtype="float32", backend="sdpa", cuda_graphs=False)
     for p in heldout_prompts(3):
         ar = ref.generate(p, 64, mode="ar")
         for tree in ("mc_sim_7b_63", "demo_tuned"):
@@ -85,8 +85,8 @@ def test_batched_triton_equals_single_sdpa():
     import engine
     from engine.prompts import heldout_prompts
 
-    eng = engine.load("demo", device="cuda", dtype="float32", backend="triton")
-    ref = engine.load("demo", device="cuda", dtype="float32", backend="sdpa")
+    eng = engine.load("demo", device="cuda", dtype="float32", backend="triton", cuda_graphs=False)
+    ref = engine.load("demo", device="cuda", dtype="float32", backend="sdpa", cuda_graphs=False)
     batch = heldout_prompts(5)
     want = [ref.generate(p, 64, mode="ar").token_ids for p in batch]
     assert [r.token_ids for r in eng.generate(batch, 64, mode="medusa", tree="mc_sim_7b_63")] == want

@@ -16,6 +16,19 @@ from . import figures
 from .handlers import EDITOR, Workbench, example_prompt, step_view
 
 DECODE_GROUP = "decode"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+MAX_UPLOAD = "1mb"
+
+
+def serve(wb: Workbench, host: str = "127.0.0.1", port: int | None = None, block: bool = True,
+          max_queue: int = 64) -> tuple[gr.Blocks, str]:
+    """Launch with the security defaults: no share link, only the tree folder is readable through
+    the file route, uploads bounded, no error tracebacks sent to the browser. -> (app, local URL)."""
+    app = build_app(wb)
+    app.queue(default_concurrency_limit=1, max_size=max_queue)
+    _, url, _ = app.launch(server_name=host, server_port=port, share=False, show_error=False, quiet=not block,
+                           allowed_paths=[str(wb.tree_dir)], max_file_size=MAX_UPLOAD, prevent_thread_lock=not block)
+    return app, url
 
 
 def build_app(wb: Workbench) -> gr.Blocks:
@@ -171,7 +184,7 @@ def build_app(wb: Workbench) -> gr.Blocks:
 
         def collect(n, tokens):
             msg = wb.collect(n, tokens)
-            vec = [v for run in trees.split_runs(wb.all_traces) for v in trees.rank_vectors(run)]
+            vec = list(wb.rank_log)
             return msg, figures.head_accuracy_figure(trees.head_stats(vec, wb.engine.num_heads))
 
         collect_btn.click(collect, [n_prompts, tune_tokens], [collect_msg, acc_plot], concurrency_limit=1,

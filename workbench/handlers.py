@@ -13,6 +13,7 @@ import logging
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ log = logging.getLogger("workbench")
 MAX_PROMPT_CHARS = 20_000
 STEP_COLORS = ["#e3f2fd", "#fff3e0", "#e8f5e9", "#fce4ec", "#ede7f6", "#f1f8e9"]
 EDITOR = "(tree editor)"
+MAX_LOGGED_STEPS = 50_000  # rank vectors kept for the Tune tab (a few MiB); older steps are dropped
 
 
 class UserError(ValueError):
@@ -39,7 +41,12 @@ class Workbench:
     data_dir: Path
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop_event: threading.Event = field(default_factory=threading.Event)
-    all_traces: list[dict] = field(default_factory=list)  # every step decoded so far (Tune, predictions)
+    # per-step head ranks of the most recent decoded steps (Tune, predictions): bounded, so a
+    # long-running app does not grow; whole traces are not kept, only what the estimators read
+    rank_log: deque = field(default_factory=lambda: deque(maxlen=MAX_LOGGED_STEPS))
+
+    def log_run(self, traces: list[dict]) -> None:
+        self.rank_log.extend(trees.rank_vectors(traces))
 
     @property
     def tree_dir(self) -> Path:
@@ -72,7 +79,7 @@ class Workbench:
             raise UserError(str(e)) from None
 
     def head_accuracy(self):
-        vec = [v for run in trees.split_runs(self.all_traces) for v in trees.rank_vectors(run)]
+        vec = list(self.rank_log)
         return (trees.head_stats(vec, self.engine.num_heads).accuracy(), len(vec)) if vec else (None, 0)
 
     def validate_tree(self, text: str) -> tuple[str, object, str]:
@@ -177,7 +184,7 @@ class Workbench:
                                     f"{tokens / wall:.1f} tokens/s" + (f", stopped: {ev.finish_reason}" if ev.done else "")}
                     if self.stop_event.is_set():
                         break
-            self.all_traces.extend([{"type": "header"}] + traces)
+            self.log_run(traces)
         except (UserError, GenerationError, trees.TreeError) as e:
             yield {"error": str(e)}
         except Exception as e:  # a bug, not bad input: say so, log the trace, keep serving
@@ -190,14 +197,14 @@ class Workbench:
         with self.lock:
             for p in heldout_prompts(int(n_prompts)):
                 res = self.engine.generate(p, int(max_new_tokens), mode="ar", trace=True)
-                self.all_traces.extend([{"type": "header"}] + res.traces)
+                self.log_run(res.traces)
                 steps += res.steps
         acc, n = self.head_accuracy()
         return f"collected {steps} steps from {int(n_prompts)} prompts; {n} logged steps in all"
 
     def optimize_tree(self, nodes: int, estimator: str = "empirical") -> tuple[str, str]:
         """-> (tree JSON, message)."""
-        vec = [v for run in trees.split_runs(self.all_traces) for v in trees.rank_vectors(run)]
+        vec = list(self.rank_log)
         if not vec:
             return "", "✗ no logged steps yet: decode something or collect traces in the Tune tab first"
         nodes = int(nodes)
@@ -219,7 +226,7 @@ class Workbench:
             choices = self.parse_tree_text(text)
         except UserError as e:
             return f"✗ {e}"
-        vec = [v for run in trees.split_runs(self.all_traces) for v in trees.rank_vectors(run)]
+        vec = list(self.rank_log)
         predicted = trees.expected_empirical(choices, vec) if vec else None
         tokens = steps = 0
         with self.lock:

@@ -1,10 +1,11 @@
 """`python -m workbench.loadtest`: concurrency, cancellation, memory and faults against a live app.
 
-Loopback only, bounded loops that stop by themselves. Starts the app on a free 127.0.0.1 port with
-the demo model on CPU, then: N concurrent gradio_client sessions (greedy outputs must equal a
-single-session run), a stream cancelled mid-run followed by a new run, M sequential requests with
-the process's resident memory sampled along the way, and injected faults (bad requests between
-good ones, a KV cache too large for memory). Prints one JSON object.
+Loopback only, bounded loops that stop by themselves. Starts `app.py` as its own process on a free
+127.0.0.1 port with the demo model on CPU (so the memory curve is the server's alone), then: N
+concurrent gradio_client sessions (greedy outputs must equal a single-session run), a stream
+cancelled mid-run followed by a new run, injected faults (bad requests between good ones; a KV
+cache too large for memory, through the engine API), what the file and upload routes serve, and M
+sequential requests with the server's resident memory sampled along the way. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
+import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,8 +25,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 
-def rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
+def rss_mib(pid: int | str = "self") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
@@ -40,6 +44,55 @@ BAD_REQUESTS = [  # (prompt, tree, max_new_tokens, what the error must mention)
 ]
 
 
+def start_server(data_dir: Path, timeout_s: float = 180) -> tuple[subprocess.Popen, str]:
+    """`python app.py` on a free loopback port; returns once it answers."""
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(data_dir / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parents[1] / "app.py"), "--device", "cpu",
+                             "--port", str(port), "--data-dir", str(data_dir)], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the app exited ({proc.returncode}): {(data_dir / 'server.log').read_text()[-2000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"the app did not answer within {timeout_s} s")
+
+
+def file_access(data_dir: Path, url: str) -> dict:
+    """What the file and upload routes give: a saved tree yes; anything else, and big uploads, no."""
+    import httpx
+
+    import trees
+
+    secret = data_dir / "secret.txt"
+    secret.write_text("not for the browser")
+    saved = trees.save_tree(trees.TreeFile([[0], [1]], name="loadtest"), data_dir / "trees" / "loadtest.json",
+                            overwrite=True)
+    get = {
+        "saved tree": str(saved),
+        "/etc/passwd": "/etc/passwd",
+        "data folder file outside trees/": str(secret),
+        "traversal out of trees/": f"{data_dir}/trees/../secret.txt",
+        "the app's own source": str(Path(__file__).resolve()),
+    }
+    out = {name: httpx.get(f"{url}gradio_api/file={path}").status_code for name, path in get.items()}
+    for name, size in (("upload 10 KB", 10_000), ("upload 2 MB", 2_000_000)):
+        r = httpx.post(f"{url}gradio_api/upload", files={"files": ("t.json", b"[" + b" " * size + b"]")})
+        out[name] = r.status_code
+    return out
+
+
 def run(sessions: int = 20, sequential: int = 200, tokens: int = 24, sample_every: int = 10) -> dict:
     from gradio_client import Client
 
@@ -47,13 +100,8 @@ def run(sessions: int = 20, sequential: int = 200, tokens: int = 24, sample_ever
     import trees
     from engine.prompts import heldout_prompts
 
-    from .app import build_app
-    from .handlers import Workbench
-
-    wb = Workbench(engine.load("demo", device="cpu"), Path(tempfile.mkdtemp(prefix="loadtest-")))
-    app = build_app(wb)
-    app.queue(default_concurrency_limit=1, max_size=4 * sessions + 16)
-    _, url, _ = app.launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True, quiet=True)
+    data_dir = Path(tempfile.mkdtemp(prefix="loadtest-"))
+    server, url = start_server(data_dir)
     tree = trees.DEFAULT_TREE
     out: dict = {"url_host": "127.0.0.1", "sessions": sessions, "tokens": tokens}
     try:
@@ -91,14 +139,17 @@ def run(sessions: int = 20, sequential: int = 200, tokens: int = 24, sample_ever
             ok = (expect is None and "token_ids" in got) or (expect is not None and expect in got.get("error", ""))
             faults.append({"case": repr(prompt[:12]) + f" {bad_tree} {n}", "answer": got.get("error", "decoded"),
                            "as_expected": ok, "next_good_run_unchanged": good == single[0]})
+        eng = engine.load("demo", device="cpu")  # the same engine code, in this process
         try:  # a cache far larger than memory: refused before allocation, engine keeps serving
-            wb.engine.generate([prompts[0]] * 200_000, 4, mode="ar")
+            eng.generate([prompts[0]] * 200_000, 4, mode="ar")
             oom = "no error"
         except engine.GenerationError as e:
             oom = str(e)
-        faults.append({"case": "KV cache for 200000 requests", "answer": oom, "as_expected": "out of memory" in oom,
-                       "next_good_run_unchanged": session(0) == single[0]})
+        after_oom = eng.generate(prompts[0], tokens, mode="medusa", tree=tree).token_ids
+        faults.append({"case": "KV cache for 200000 requests (engine API)", "answer": oom,
+                       "as_expected": "out of memory" in oom, "next_good_run_unchanged": after_oom == single[0]})
         out["faults"] = faults
+        out["file_access"] = file_access(data_dir, url)
 
         curve, mismatches = [], 0
         t0 = time.perf_counter()
@@ -107,13 +158,17 @@ def run(sessions: int = 20, sequential: int = 200, tokens: int = 24, sample_ever
             got = ref.predict(prompts[j], tree, "medusa", "greedy", tokens, api_name="/generate")["token_ids"]
             mismatches += got != single[j]
             if i % sample_every == 0 or i == sequential - 1:
-                curve.append([i + 1, round(rss_mib(), 1)])
+                curve.append([i + 1, round(rss_mib(server.pid), 1)])
         half = [m for n, m in curve if n > sequential // 2]
         out["sequential"] = {"requests": sequential, "mismatches": mismatches, "wall_s": round(time.perf_counter() - t0, 2),
                              "rss_mib_curve": curve,
                              "rss_growth_second_half_mib": round(max(half) - min(half), 1) if half else None}
     finally:
-        app.close()
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
     return out
 
 

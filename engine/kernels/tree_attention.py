@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import fused
+
 BLOCK_N = 64
 _SM_COUNT: dict[int, int] = {}
 
@@ -84,12 +86,6 @@ def _tree_attn_split(
     tl.store(PL + base + rows, lse, mask=row_ok)
 
 
-def causal_bits(t: int, device) -> torch.Tensor:
-    from trees import pack_mask_bits
-
-    return pack_mask_bits(torch.ones(t, t, dtype=torch.bool).tril()).to(device)
-
-
 def _sm_count(device) -> int:
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _SM_COUNT:
@@ -97,7 +93,8 @@ def _sm_count(device) -> int:
     return _SM_COUNT[idx]
 
 
-def tree_attention(q, k, v, start, block_mask: torch.Tensor | None, mask_bits: torch.Tensor | None = None):
+def tree_attention(q, k, v, start, block_mask: torch.Tensor | None, mask_bits: torch.Tensor | None = None,
+                   fuse: bool = False):
     """Same contract as `sdpa_attention`: q [B, Hq, T, D], k/v [B, Hkv, S, D] (prefix in [0, start),
     the block in [start, start+T)); start is an int or a [B] device tensor of per-request lengths (then
     k/v span the longest request). `mask_bits` [T, W] int64 may be given instead of block_mask."""
@@ -110,6 +107,8 @@ def tree_attention(q, k, v, start, block_mask: torch.Tensor | None, mask_bits: t
     g = hq // hkv
     if mask_bits is None:
         if block_mask is None:
+            from ..attention import causal_bits
+
             mask_bits = causal_bits(t, q.device)
         else:
             from trees import pack_mask_bits
@@ -129,6 +128,5 @@ def tree_attention(q, k, v, start, block_mask: torch.Tensor | None, mask_bits: t
         hkv, t, g, mask_bits.shape[1], n_splits, 1.0 / math.sqrt(d),
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, D=d, IEEE=q.dtype == torch.float32,
     )
-    w = torch.softmax(pl, dim=1)  # merge splits by their log-sum-exp (empty splits have -inf: weight 0)
-    out = (po * w[..., None]).sum(1)  # [B*Hkv, G*T, D]
-    return out.view(b, hkv, g, t, d).reshape(b, hq, t, d).to(q.dtype)
+    out = fused.op("merge_splits", fuse)(po, pl, q.dtype)  # [B*Hkv, G*T, D]
+    return out.view(b, hkv, g, t, d).reshape(b, hq, t, d)

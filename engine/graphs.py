@@ -1,0 +1,131 @@
+"""CUDA graphs of whole greedy decode steps: one replay per step instead of hundreds of launches.
+
+A step of the 7B shape is a few hundred small kernels; launched eagerly from Python the host is
+the bottleneck (benchmarks/README.md: 7.5x the weight-read floor). A captured step is the same
+kernels replayed with one call. What is captured, per (tree, batch size, heads on/off):
+`decode.tree_forward` / `decode.ar_forward` under greedy acceptance (draft from the heads' top-k,
+the forward over every node, verification, KV compaction, the next heads, the length update),
+reading and writing static state tensors this module owns. The attention span is the whole cache
+(lengths come from device tensors; the Triton kernel sizes its work from them), so one graph
+serves every prefix length. The host reads only the packed accepted tokens after each replay.
+
+A graph holds raw addresses: of the weights, of the KV cache, of its TreeBuffers (kept here) and of
+its static state. So graphs are dropped whenever the model's cache tensors change (a new cache, or
+rows leaving the batch), and captured again on first use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trees import TreeBuffers
+
+from .decode import DecodeState, StepResult, StepTensors, ar_forward, finish_step, tree_forward
+from .heads import MedusaHeads
+from .model import Transformer
+from .sampling import SamplingParams
+
+GREEDY = SamplingParams()
+WARMUP_STEPS = 2  # eager runs on a side stream before capture (Triton compiles, cuBLAS picks kernels)
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    state: DecodeState  # static inputs and outputs: lengths [B], root [B], head_logits [B, K, V]
+    out: StepTensors  # static outputs of the last replay
+    host: torch.Tensor  # pinned copy of out.packed
+
+
+class StepGraphs:
+    """Captured greedy steps for one model (Engine owns one when running on CUDA)."""
+
+    def __init__(self, model: Transformer):
+        self.model = model
+        self.graphs: dict[tuple, _Captured] = {}
+        self.trees: dict[tuple, TreeBuffers] = {}  # a graph reads its tree's buffers by address
+        self.pool = None
+        self._cache_key: tuple | None = None
+        self.captures = 0  # how many graphs were captured (tests and benchmarks read it)
+
+    @staticmethod
+    def usable(model: Transformer, accept: str, params: SamplingParams, mode: str) -> bool:
+        """Graphs need CUDA, one rank, and greedy acceptance (sampling draws on the host's generator)."""
+        on_cuda = model.embed_tokens.weight.device.type == "cuda"
+        greedy = params.greedy and (mode == "ar" or accept == "greedy")
+        return on_cuda and model.tp.world == 1 and greedy
+
+    @torch.inference_mode()
+    def step(self, heads: MedusaHeads | None, buf: TreeBuffers | None, choices, state: DecodeState) -> list[StepResult]:
+        """One greedy step (a tree step when buf is given, else AR) by graph replay; `state` is
+        updated as the eager step would."""
+        cache = self.model.cache
+        cache_key = (cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape))
+        if cache_key != self._cache_key:  # their addresses are gone: drop the graphs and their memory
+            self.graphs.clear()
+            self.pool = None
+            self._cache_key = cache_key
+        tree_key = tuple(map(tuple, choices)) if buf is not None else None
+        key = (tree_key, state.root.shape[0], heads is not None)
+        g = self.graphs.get(key)
+        if g is None:
+            g = self.graphs[key] = self._capture(heads, buf, tree_key, state)
+        s = g.state
+        if state.lengths is not s.lengths:  # the caller's state came from prefill or another graph
+            s.lengths.copy_(state.lengths)
+            s.root.copy_(state.root)
+            if s.head_logits is not None:
+                s.head_logits.copy_(state.head_logits)
+        g.graph.replay()
+        g.host.copy_(g.out.packed, non_blocking=True)
+        torch.cuda.current_stream().synchronize()
+        state.lengths, state.root, state.head_logits = s.lengths, s.root, s.head_logits
+        return finish_step(state, g.out, g.host.tolist())
+
+    def _capture(self, heads, buf, tree_key, state: DecodeState) -> _Captured:
+        if buf is not None:
+            buf = self.trees.setdefault(tree_key, buf)
+        static = DecodeState(state.lengths.clone(), list(state.host_lengths), state.root.clone(),
+                             state.head_logits.clone() if state.head_logits is not None else None)
+        span = self.model.cache.capacity
+
+        def body() -> StepTensors:
+            work = DecodeState(static.lengths, static.host_lengths, static.root, static.head_logits)
+            if buf is not None:
+                out = tree_forward(self.model, heads, buf, work, "greedy", GREEDY, None, span=span)
+            else:
+                out = ar_forward(self.model, heads, work, GREEDY, None, span=span)
+            if out.head_logits is not None:  # static.head_logits is overwritten below; traces need this step's
+                out.head_logits = out.head_logits.clone()
+            static.lengths.copy_(work.lengths)
+            static.root.copy_(work.root)
+            if static.head_logits is not None:
+                static.head_logits.copy_(work.head_logits)
+            return out
+
+        saved = (static.lengths.clone(), static.root.clone(),
+                 static.head_logits.clone() if static.head_logits is not None else None)
+
+        def restore() -> None:  # warm-up steps ran for real: put the state back (K/V past the lengths is scratch)
+            static.lengths.copy_(saved[0])
+            static.root.copy_(saved[1])
+            if saved[2] is not None:
+                static.head_logits.copy_(saved[2])
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_STEPS):
+                body()
+                restore()
+        torch.cuda.current_stream().wait_stream(side)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = body()
+        restore()
+        self.captures += 1
+        return _Captured(graph, static, out, torch.empty(out.packed.shape, dtype=out.packed.dtype, pin_memory=True))

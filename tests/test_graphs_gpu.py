@@ -1,0 +1,102 @@
+"""Greedy steps replayed from CUDA graphs give exactly the eager engine's output (GPU only)."""
+
+import pytest
+import torch
+from conftest import make_hf_model, random_heads_sd
+
+import engine
+from engine.prompts import heldout_prompts
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = [pytest.mark.gpu, cuda]
+TREES = ("mc_sim_7b_63", "demo_tuned", "chain_3")
+
+
+@pytest.fixture(scope="module")
+def eager():
+    return engine.load("demo", device="cuda", dtype="float32", backend="sdpa", cuda_graphs=False)
+
+
+@pytest.mark.parametrize("backend", ["triton", "sdpa"])
+def test_graphed_medusa_and_ar_equal_eager_ar_on_the_demo(eager, backend):
+    eng = engine.load("demo", device="cuda", dtype="float32", backend=backend)
+    assert eng.graphs is not None and eager.graphs is None
+    for p in heldout_prompts(4):
+        want = eager.generate(p, 96, mode="ar").token_ids
+        assert eng.generate(p, 96, mode="ar").token_ids == want
+        for tree in TREES:
+            assert eng.generate(p, 96, mode="medusa", tree=tree).token_ids == want, (p, tree)
+    captured = eng.graphs.captures
+    eng.generate(heldout_prompts(1)[0], 32, mode="medusa", tree="mc_sim_7b_63")
+    assert eng.graphs.captures == captured  # same tree, batch and cache: the graph is replayed, not captured again
+
+
+def test_graphed_batch_with_requests_leaving_equals_eager(eager):
+    eng = engine.load("demo", device="cuda", dtype="float32", backend="triton")
+    batch = heldout_prompts(5)
+    want = [eager.generate(p, 64, mode="ar").token_ids for p in batch]
+    got = eng.generate(batch, 64, mode="medusa", tree="mc_sim_7b_63")
+    assert [r.token_ids for r in got] == want
+    assert [r.token_ids for r in eng.generate(batch, 64, mode="ar")] == want
+
+
+def test_graphed_traces_equal_eager_traces(eager):
+    eng = engine.load("demo", device="cuda", dtype="float32", backend="triton")
+    p = heldout_prompts(1)[0]
+    for mode in ("ar", "medusa"):
+        a = eager.generate(p, 40, mode=mode, tree="demo_tuned", trace=True).traces
+        b = eng.generate(p, 40, mode=mode, tree="demo_tuned", trace=True).traces
+        keys = ("accepted_tokens", "accepted_nodes", "node_tokens", "target_argmax")
+        assert [[t[k] for k in keys] for t in a] == [[t[k] for k in keys] for t in b]
+        heads = [[[c["token"] for c in h] for h in t["head_topk"]] for t in a]
+        assert heads == [[[c["token"] for c in h] for h in t["head_topk"]] for t in b]
+
+
+def test_non_greedy_rules_run_eagerly_with_graphs_on():
+    eng = engine.load("demo", device="cuda", dtype="float32", backend="triton")
+    ref = engine.load("demo", device="cuda", dtype="float32", backend="triton", cuda_graphs=False)
+    p = heldout_prompts(1)[0]
+    for accept in ("typical", "sample"):
+        kw = dict(mode="medusa", tree="demo_tuned", accept=accept, temperature=0.8, seed=3)
+        assert eng.generate(p, 32, **kw).token_ids == ref.generate(p, 32, **kw).token_ids
+    assert eng.graphs.captures == 0
+
+
+@pytest.mark.parametrize("n_kv", [4, 1])
+def test_graphed_random_weight_model_equals_eager_ar(tmp_path, n_kv):
+    make_hf_model(tmp_path, "llama", n_kv=n_kv, ctx=512)
+    heads = random_heads_sd()
+    ref = engine.load(tmp_path, heads=heads, device="cuda", dtype="float32", cuda_graphs=False)
+    eng = engine.load(tmp_path, heads=heads, device="cuda", dtype="float32", backend="triton")
+    prompts = [[1, 5, 9], list(range(3, 60)), [7] * 11]
+    want = [ref.generate(p, 100, mode="ar", stop_on_eos=False).token_ids for p in prompts]
+    for tree in ("mc_sim_7b_63", [[0], [1], [0, 0], [0, 1], [0, 0, 0]]):
+        got = [eng.generate(p, 100, mode="medusa", tree=tree, stop_on_eos=False).token_ids for p in prompts]
+        assert got == want
+    batched = eng.generate(prompts, 100, mode="medusa", tree="mc_sim_7b_63", stop_on_eos=False)
+    assert [r.token_ids for r in batched] == want
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_pointwise_ops_match_eager(dtype):
+    from engine import fused
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def rnd(*shape, dt=dtype):
+        return torch.randn(*shape, device="cuda", generator=g).to(dt)
+
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    for shape in ((1, 1, 384), (3, 64, 4096)):
+        x, r, w = rnd(*shape), rnd(*shape), rnd(shape[-1])
+        torch.testing.assert_close(fused.op("rms_norm", True)(x, w, 1e-5), fused.rms_norm(x, w, 1e-5), **tol)
+        for a, b in zip(fused.op("add_rms_norm", True)(x, r, w, 1e-5), fused.add_rms_norm(x, r, w, 1e-5)):
+            torch.testing.assert_close(a, b, **tol)
+    q, k, cos, sin = rnd(2, 8, 9, 128), rnd(2, 2, 9, 128), rnd(2, 1, 9, 128), rnd(2, 1, 9, 128)
+    for a, b in zip(fused.op("rope", True)(q, k, cos, sin), fused.rope(q, k, cos, sin)):
+        torch.testing.assert_close(a, b, **tol)
+    gate, up = rnd(5, 896), rnd(5, 896)
+    torch.testing.assert_close(fused.op("silu_mul", True)(gate, up), fused.silu_mul(gate, up), **tol)
+    po, pl = rnd(6, 17, 48, 64, dt=torch.float32), rnd(6, 17, 48, dt=torch.float32)
+    pl[:, 3:9] = float("-inf")  # empty splits
+    torch.testing.assert_close(fused.op("merge_splits", True)(po, pl, dtype), fused.merge_splits(po, pl, dtype), **tol)
