@@ -10,8 +10,9 @@ reading and writing static state tensors this module owns. The attention span is
 serves every prefix length. The host reads only the packed accepted tokens after each replay.
 
 A graph holds raw addresses: of the weights, of the KV cache, of its TreeBuffers (kept here) and of
-its static state. So graphs are dropped whenever the model's cache tensors change (a new cache, or
-rows leaving the batch), and captured again on first use.
+its static state. So graphs are dropped whenever the model's cache tensors change (a new, larger
+cache), and captured again on first use. Requests leaving a batch keep the cache in place
+(`KVCache.keep_rows`), so the graph of each smaller batch size is captured once and then reused.
 """
 
 from __future__ import annotations

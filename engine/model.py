@@ -34,10 +34,6 @@ class KVCache(nn.Module):
     def capacity(self) -> int:
         return self.k.shape[3]
 
-    @property
-    def batch(self) -> int:
-        return self.k.shape[1]
-
     def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move slots src[b, i] -> dst[b, i] of request b for every layer, all requests in one indexed
         copy. Gather first, then write: the ranges may overlap. A row may repeat its last pair as padding."""
@@ -47,9 +43,12 @@ class KVCache(nn.Module):
         self.v[:, rows, :, dst] = v
 
     def keep_rows(self, rows: torch.Tensor) -> None:
-        """Drop finished requests from the batch (one copy when a request leaves)."""
-        self.k = self.k[:, rows].contiguous()
-        self.v = self.v[:, rows].contiguous()
+        """Finished requests leave the batch: the kept rows move to the front, in place (gathered
+        first, so overlap is safe), and the model reads rows [:B] from then on. The tensors keep
+        their addresses, so CUDA graphs captured for smaller batches stay valid."""
+        n = rows.numel()
+        self.k[:, :n] = self.k[:, rows]
+        self.v[:, :n] = self.v[:, rows]
 
 
 class RMSNorm(nn.Module):

@@ -37,6 +37,9 @@ def test_graphed_batch_with_requests_leaving_equals_eager(eager):
     want = [eager.generate(p, 64, mode="ar").token_ids for p in batch]
     got = eng.generate(batch, 64, mode="medusa", tree="mc_sim_7b_63")
     assert [r.token_ids for r in got] == want
+    captured = eng.graphs.captures  # requests left at different steps: one graph per batch size seen
+    again = eng.generate(batch, 64, mode="medusa", tree="mc_sim_7b_63")
+    assert [r.token_ids for r in again] == want and eng.graphs.captures == captured  # the cache stayed in place
     assert [r.token_ids for r in eng.generate(batch, 64, mode="ar")] == want
 
 
