@@ -241,7 +241,6 @@ def run_step(shapes, prefix: int, backend: str) -> dict:
                     return ar_step(ours, None, state, GREEDY, None)
 
                 row[f"{key}{variant}_ms"] = round(_cuda_ms(step), 3)
-        row["ar_over_floor"] = round(row["ar_ms"] / floor_ms, 3)
         for v in ("", "_graph", "_graph_fused"):
             row[f"ar{v}_over_floor"] = round(row[f"ar{v}_ms"] / floor_ms, 3)
             for n in (16, 32, 64):

@@ -30,6 +30,17 @@ class DecodeState:
     root: torch.Tensor  # [B] long: each request's next token, already decided
     head_logits: torch.Tensor | None  # [B, K, V] the heads' view from the last committed token
 
+    def copy_(self, other: DecodeState) -> None:
+        """Take other's device tensors in place (a captured graph reads these addresses)."""
+        self.lengths.copy_(other.lengths)
+        self.root.copy_(other.root)
+        if self.head_logits is not None:
+            self.head_logits.copy_(other.head_logits)
+
+    def clone(self) -> DecodeState:
+        return DecodeState(self.lengths.clone(), list(self.host_lengths), self.root.clone(),
+                           self.head_logits.clone() if self.head_logits is not None else None)
+
     def keep(self, rows: list[int]) -> None:
         """Keep only these requests (finished ones leave the batch)."""
         idx = torch.tensor(rows, device=self.root.device)

@@ -53,10 +53,9 @@ class StepGraphs:
 
     @staticmethod
     def usable(model: Transformer, accept: str, params: SamplingParams, mode: str) -> bool:
-        """Graphs need CUDA, one rank, and greedy acceptance (sampling draws on the host's generator)."""
-        on_cuda = model.embed_tokens.weight.device.type == "cuda"
-        greedy = params.greedy and (mode == "ar" or accept == "greedy")
-        return on_cuda and model.tp.world == 1 and greedy
+        """Graphs (made only on CUDA) need one rank and greedy acceptance (sampling draws on the
+        host's generator)."""
+        return model.tp.world == 1 and params.greedy and (mode == "ar" or accept == "greedy")
 
     @torch.inference_mode()
     def step(self, heads: MedusaHeads | None, buf: TreeBuffers | None, choices, state: DecodeState) -> list[StepResult]:
@@ -75,10 +74,7 @@ class StepGraphs:
             g = self.graphs[key] = self._capture(heads, buf, tree_key, state)
         s = g.state
         if state.lengths is not s.lengths:  # the caller's state came from prefill or another graph
-            s.lengths.copy_(state.lengths)
-            s.root.copy_(state.root)
-            if s.head_logits is not None:
-                s.head_logits.copy_(state.head_logits)
+            s.copy_(state)
         g.graph.replay()
         g.host.copy_(g.out.packed, non_blocking=True)
         torch.cuda.current_stream().synchronize()
@@ -88,8 +84,7 @@ class StepGraphs:
     def _capture(self, heads, buf, tree_key, state: DecodeState) -> _Captured:
         if buf is not None:
             buf = self.trees.setdefault(tree_key, buf)
-        static = DecodeState(state.lengths.clone(), list(state.host_lengths), state.root.clone(),
-                             state.head_logits.clone() if state.head_logits is not None else None)
+        static = state.clone()
         span = self.model.cache.capacity
 
         def body() -> StepTensors:
@@ -100,33 +95,22 @@ class StepGraphs:
                 out = ar_forward(self.model, heads, work, GREEDY, None, span=span)
             if out.head_logits is not None:  # static.head_logits is overwritten below; traces need this step's
                 out.head_logits = out.head_logits.clone()
-            static.lengths.copy_(work.lengths)
-            static.root.copy_(work.root)
-            if static.head_logits is not None:
-                static.head_logits.copy_(work.head_logits)
+            static.copy_(work)
             return out
 
-        saved = (static.lengths.clone(), static.root.clone(),
-                 static.head_logits.clone() if static.head_logits is not None else None)
-
-        def restore() -> None:  # warm-up steps ran for real: put the state back (K/V past the lengths is scratch)
-            static.lengths.copy_(saved[0])
-            static.root.copy_(saved[1])
-            if saved[2] is not None:
-                static.head_logits.copy_(saved[2])
-
+        saved = static.clone()  # warm-up steps run for real: each is undone (K/V past the lengths is scratch)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(WARMUP_STEPS):
                 body()
-                restore()
+                static.copy_(saved)
         torch.cuda.current_stream().wait_stream(side)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             out = body()
-        restore()
+        static.copy_(saved)
         self.captures += 1
         return _Captured(graph, static, out, torch.empty(out.packed.shape, dtype=out.packed.dtype, pin_memory=True))

@@ -52,13 +52,12 @@ class KVCache(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+    """Holds a norm's weight under its HF name; Transformer.forward applies it (engine/fused.py),
+    fused with the residual add before it."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fused.rms_norm(x, self.weight, self.eps)
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
 
 
 class Attention(nn.Module):
@@ -116,8 +115,8 @@ class Block(nn.Module):
         super().__init__()
         self.self_attn = Attention(args, tp)
         self.mlp = FeedForward(args, tp)
-        self.input_layernorm = RMSNorm(args.dim, args.norm_eps)
-        self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
+        self.input_layernorm = RMSNorm(args.dim)
+        self.post_attention_layernorm = RMSNorm(args.dim)
 
 
 class Transformer(nn.Module):
@@ -129,7 +128,7 @@ class Transformer(nn.Module):
         self.args, self.tp = args, tp
         self.embed_tokens = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(Block(args, tp) for _ in range(args.n_layers))
-        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.norm = RMSNorm(args.dim)
         self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight

@@ -27,15 +27,11 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def app_url(demo_engine, tmp_path_factory):
-    from workbench.app import build_app
+    from workbench.app import serve
     from workbench.handlers import Workbench
 
-    wb = Workbench(demo_engine, tmp_path_factory.mktemp("browser"))
-    app = build_app(wb)
-    app.queue(default_concurrency_limit=1)
-    port = _free_port()
-    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    yield f"http://127.0.0.1:{port}/"
+    app, url = serve(Workbench(demo_engine, tmp_path_factory.mktemp("browser")), port=_free_port(), block=False)
+    yield url
     app.close()
 
 

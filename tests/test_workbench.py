@@ -135,11 +135,9 @@ def test_tune_collect_and_optimise(wb):
 def test_app_over_gradio_client(wb):
     from gradio_client import Client
 
-    from workbench.app import build_app
+    from workbench.app import serve
 
-    app = build_app(wb)
-    app.queue(default_concurrency_limit=1)
-    _, url, _ = app.launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True, quiet=True)
+    app, url = serve(wb, block=False)  # the app's own launch settings
     try:
         c = Client(url, verbose=False)
         out = c.predict("import os\n", "mc_sim_7b_63", "medusa", "greedy", 20, api_name="/generate")

@@ -20,12 +20,12 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_UPLOAD = "1mb"
 
 
-def serve(wb: Workbench, host: str = "127.0.0.1", port: int | None = None, block: bool = True,
-          max_queue: int = 64) -> tuple[gr.Blocks, str]:
+def serve(wb: Workbench, host: str = "127.0.0.1", port: int | None = None, block: bool = True) -> tuple[gr.Blocks, str]:
     """Launch with the security defaults: no share link, only the tree folder is readable through
-    the file route, uploads bounded, no error tracebacks sent to the browser. -> (app, local URL)."""
+    the file route, uploads bounded, no error tracebacks sent to the browser. -> (app, local URL);
+    block=False returns at once (tests)."""
     app = build_app(wb)
-    app.queue(default_concurrency_limit=1, max_size=max_queue)
+    app.queue(default_concurrency_limit=1, max_size=64)
     _, url, _ = app.launch(server_name=host, server_port=port, share=False, show_error=False, quiet=not block,
                            allowed_paths=[str(wb.tree_dir)], max_file_size=MAX_UPLOAD, prevent_thread_lock=not block)
     return app, url

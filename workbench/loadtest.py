@@ -51,9 +51,9 @@ def start_server(data_dir: Path, timeout_s: float = 180) -> tuple[subprocess.Pop
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    log = open(data_dir / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parents[1] / "app.py"), "--device", "cpu",
-                             "--port", str(port), "--data-dir", str(data_dir)], stdout=log, stderr=subprocess.STDOUT)
+    with open(data_dir / "server.log", "w") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parents[1] / "app.py"), "--device", "cpu",
+                                 "--port", str(port), "--data-dir", str(data_dir)], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + timeout_s
     while time.time() < deadline:
