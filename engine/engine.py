@@ -89,6 +89,8 @@ class Engine:
         # greedy steps replay captured CUDA graphs (engine/graphs.py); on by default on CUDA
         self.graphs = StepGraphs(model) if (on_cuda if cuda_graphs is None else cuda_graphs) else None
         model.fused = self.graphs is not None  # and pointwise ops fused (engine/fused.py)
+        if self.graphs is not None:
+            model.fuse_projections()
         self.name, self.heads_source = name, heads_source
         self.args = model.args
         context = self.args.max_position_embeddings
@@ -234,61 +236,84 @@ class Engine:
                 writer.close()
 
     def _loop(self, batch, max_new, mode, buf, choices, accept, params, gen, want_trace, writer, stop_on_eos):
+        """Decode until every request has finished. `rows` is the request of each batch row on the
+        device; finished requests leave it once no step is in flight. With CUDA graphs and no
+        traces, step N+1 is queued before step N's tokens are read (StepGraphs.launch), unless a
+        request may finish at step N: the host's work then overlaps the GPU's."""
         sync = self.device.type == "cuda"
         with_heads = self.heads if (mode == "medusa" or want_trace) else None
         state: DecodeState = prefill(self.model, with_heads, batch, params, gen)
-        active = list(range(len(batch)))  # request index of each batch row
+        rows = list(range(len(batch)))
+        running = set(rows)
         produced: list[list[int]] = [[] for _ in batch]
         parent = buf.parent.tolist() if mode == "medusa" else [-1]
         graphs = self.graphs if self.graphs and StepGraphs.usable(self.model, accept, params, mode) else None
+        graph_heads = self.heads if mode == "medusa" else with_heads
+        per_step = 1 + (max(map(len, choices)) if mode == "medusa" else 0)  # most tokens one step can commit
+        queued = None  # a launched step not yet read, and the rows it ran for
         step = 0
-        while active:
-            t0 = time.perf_counter()
-            prefix_lens = list(state.host_lengths)
-            if graphs is not None:
-                results = graphs.step(self.heads if mode == "medusa" else with_heads, buf, choices, state)
-            elif mode == "medusa":
-                results = tree_step(self.model, self.heads, buf, state, accept, params, gen)
-            else:
-                results = ar_step(self.model, with_heads, state, params, gen)
-            if sync:
-                torch.cuda.synchronize()
-            ms = (time.perf_counter() - t0) * 1000
-            events, still = [], []
-            for row, (req, res) in enumerate(zip(active, results)):
-                out = produced[req]
-                tokens = res.tokens[: max_new - len(out)]
-                finish = None
-                if stop_on_eos:
-                    for i, t in enumerate(tokens):
-                        if t in self.eos_ids:
-                            tokens, finish = tokens[: i + 1], "eos"
-                            break
-                res.tokens = tokens  # what is committed to the output (cut at EOS / max_new_tokens)
-                before = self.text_of(out)
-                out.extend(tokens)
-                if finish is None and len(out) >= max_new:
-                    finish = "length"
-                record = None
-                if want_trace:
-                    record = step_trace(step, prefix_lens[row], choices or [], res, parent, self.topk, ms,
-                                        self.decode_token)
-                    if len(batch) > 1:
-                        record["request"] = req
-                    if writer:
-                        writer.write(record)
-                text = self.text_of(out)
-                events.append((req, StepEvent(step, tokens, text[len(before):] if text.startswith(before) else text,
-                                              res.accepted_nodes, ms, record, finish is not None, finish)))
-                if finish is None:
-                    still.append(row)
-            yield events
-            step += 1
-            if len(still) < len(active):
-                active = [active[r] for r in still]
-                if still:
-                    state.keep(still)
-                    self.model.cache.keep_rows(torch.tensor(still, device=self.device))
+        try:
+            while running:
+                t0 = time.perf_counter()
+                prefix_lens = list(state.host_lengths)
+                if graphs is not None:
+                    if queued is None:
+                        queued = graphs.launch(graph_heads, buf, choices, state), list(rows)
+                    current, step_rows = queued
+                    queued = None
+                    may_finish = any(max_new - len(produced[r]) <= per_step for r in running)
+                    if not want_trace and set(rows) == running and not may_finish:
+                        queued = graphs.launch(graph_heads, buf, choices, state), list(rows)
+                    results = graphs.collect(current, state)
+                else:
+                    step_rows = list(rows)
+                    if mode == "medusa":
+                        results = tree_step(self.model, self.heads, buf, state, accept, params, gen)
+                    else:
+                        results = ar_step(self.model, with_heads, state, params, gen)
+                    if sync:
+                        torch.cuda.synchronize()
+                ms = (time.perf_counter() - t0) * 1000
+                events = []
+                for row, (req, res) in enumerate(zip(step_rows, results)):
+                    if req not in running:  # finished before this (queued) step: its tokens are not output
+                        continue
+                    out = produced[req]
+                    tokens = res.tokens[: max_new - len(out)]
+                    finish = None
+                    if stop_on_eos:
+                        for i, t in enumerate(tokens):
+                            if t in self.eos_ids:
+                                tokens, finish = tokens[: i + 1], "eos"
+                                break
+                    res.tokens = tokens  # what is committed to the output (cut at EOS / max_new_tokens)
+                    before = self.text_of(out)
+                    out.extend(tokens)
+                    if finish is None and len(out) >= max_new:
+                        finish = "length"
+                    record = None
+                    if want_trace:
+                        record = step_trace(step, prefix_lens[row], choices or [], res, parent, self.topk, ms,
+                                            self.decode_token)
+                        if len(batch) > 1:
+                            record["request"] = req
+                        if writer:
+                            writer.write(record)
+                    text = self.text_of(out)
+                    events.append((req, StepEvent(step, tokens, text[len(before):] if text.startswith(before) else text,
+                                                  res.accepted_nodes, ms, record, finish is not None, finish)))
+                    if finish is not None:
+                        running.discard(req)
+                yield events
+                step += 1
+                if queued is None and running and len(running) < len(rows):  # finished requests leave the batch
+                    keep = [i for i, req in enumerate(rows) if req in running]
+                    rows = [rows[i] for i in keep]
+                    state.keep(keep)
+                    self.model.cache.keep_rows(torch.tensor(keep, device=self.device))
+        finally:
+            if queued is not None:  # a step queued past the end (EOS) or before the caller stopped
+                queued[0].done.synchronize()
 
     def generate(self, prompt_or_ids, max_new_tokens: int = 128, mode: str = "medusa", tree=None,
                  accept: str = "greedy", trace: bool = False, **kw) -> Result | list[Result]:

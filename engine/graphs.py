@@ -7,7 +7,10 @@ kernels replayed with one call. What is captured, per (tree, batch size, heads o
 the forward over every node, verification, KV compaction, the next heads, the length update),
 reading and writing static state tensors this module owns. The attention span is the whole cache
 (lengths come from device tensors; the Triton kernel sizes its work from them), so one graph
-serves every prefix length. The host reads only the packed accepted tokens after each replay.
+serves every prefix length. The host reads only the packed accepted tokens after each replay,
+through one of two pinned buffers: `launch` queues a step and its copy without waiting, `collect`
+waits for that step alone, so the engine can queue step N+1 before it reads step N's tokens and
+the host's work on a step (streaming, stop checks) overlaps the GPU's on the next.
 
 A graph holds raw addresses: of the weights, of the KV cache, of its TreeBuffers (kept here) and of
 its static state. So graphs are dropped whenever the model's cache tensors change (a new, larger
@@ -37,7 +40,17 @@ class _Captured:
     graph: torch.cuda.CUDAGraph
     state: DecodeState  # static inputs and outputs: lengths [B], root [B], head_logits [B, K, V]
     out: StepTensors  # static outputs of the last replay
-    host: torch.Tensor  # pinned copy of out.packed
+    host: tuple[torch.Tensor, torch.Tensor]  # two pinned copies of out.packed, used in turn
+    turn: int = 0
+
+
+@dataclass
+class Pending:
+    """A replayed step whose packed tokens are on their way to `host` (ready when `done` is)."""
+
+    out: StepTensors
+    host: torch.Tensor
+    done: torch.cuda.Event
 
 
 class StepGraphs:
@@ -57,10 +70,15 @@ class StepGraphs:
         host's generator)."""
         return model.tp.world == 1 and params.greedy and (mode == "ar" or accept == "greedy")
 
-    @torch.inference_mode()
     def step(self, heads: MedusaHeads | None, buf: TreeBuffers | None, choices, state: DecodeState) -> list[StepResult]:
         """One greedy step (a tree step when buf is given, else AR) by graph replay; `state` is
         updated as the eager step would."""
+        return self.collect(self.launch(heads, buf, choices, state), state)
+
+    @torch.inference_mode()
+    def launch(self, heads: MedusaHeads | None, buf: TreeBuffers | None, choices, state: DecodeState) -> Pending:
+        """Queue one step and the copy of its tokens; returns at once. `state`'s device tensors
+        become the graph's, so a second launch continues from this one without the host."""
         cache = self.model.cache
         cache_key = (cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape))
         if cache_key != self._cache_key:  # their addresses are gone: drop the graphs and their memory
@@ -76,10 +94,20 @@ class StepGraphs:
         if state.lengths is not s.lengths:  # the caller's state came from prefill or another graph
             s.copy_(state)
         g.graph.replay()
-        g.host.copy_(g.out.packed, non_blocking=True)
-        torch.cuda.current_stream().synchronize()
+        g.turn ^= 1
+        host = g.host[g.turn]
+        host.copy_(g.out.packed, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
         state.lengths, state.root, state.head_logits = s.lengths, s.root, s.head_logits
-        return finish_step(state, g.out, g.host.tolist())
+        return Pending(g.out, host, done)
+
+    @staticmethod
+    def collect(pending: Pending, state: DecodeState) -> list[StepResult]:
+        """Wait for one launched step and read its tokens. The StepResults' tensors are the graph's
+        static outputs: valid until the next launch of the same graph (traces must not launch ahead)."""
+        pending.done.synchronize()
+        return finish_step(state, pending.out, pending.host.tolist())
 
     def _capture(self, heads, buf, tree_key, state: DecodeState) -> _Captured:
         if buf is not None:
@@ -113,4 +141,5 @@ class StepGraphs:
             out = body()
         static.copy_(saved)
         self.captures += 1
-        return _Captured(graph, static, out, torch.empty(out.packed.shape, dtype=out.packed.dtype, pin_memory=True))
+        host = tuple(torch.empty(out.packed.shape, dtype=out.packed.dtype, pin_memory=True) for _ in range(2))
+        return _Captured(graph, static, out, host)

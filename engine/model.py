@@ -21,6 +21,15 @@ from .config import ModelArgs, rope_inv_freq
 from .tp import SINGLE, TP
 
 
+def compact_reference(k: torch.Tensor, v: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """k, v [L, B_cap, H, S, D]; src, dst [B, n]: slot src[b, i] -> dst[b, i] of request b in every
+    layer and head, as two gathers then two scatters. A row may repeat its last pair as padding."""
+    rows = torch.arange(src.shape[0], device=src.device)[:, None]
+    gathered_k, gathered_v = k[:, rows, :, src], v[:, rows, :, src]  # [B, n, L, H, D]
+    k[:, rows, :, dst] = gathered_k
+    v[:, rows, :, dst] = gathered_v
+
+
 class KVCache(nn.Module):
     """K and V for all layers in two tensors [L, B, H_kv, S, D], so compaction is one indexed copy."""
 
@@ -35,12 +44,15 @@ class KVCache(nn.Module):
         return self.k.shape[3]
 
     def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Move slots src[b, i] -> dst[b, i] of request b for every layer, all requests in one indexed
-        copy. Gather first, then write: the ranges may overlap. A row may repeat its last pair as padding."""
-        rows = torch.arange(src.shape[0], device=src.device)[:, None]
-        k, v = self.k[:, rows, :, src], self.v[:, rows, :, src]  # [B, n, L, H, D]
-        self.k[:, rows, :, dst] = k
-        self.v[:, rows, :, dst] = v
+        """Move slots src[b, i] -> dst[b, i] of request b for every layer (the accepted path after a
+        tree step). Gather first, then write: the ranges may overlap. On CUDA one Triton launch
+        (engine/kernels/compact.py), elsewhere its torch reference."""
+        if self.k.is_cuda:
+            from .kernels.compact import compact
+
+            compact(self.k, self.v, src, dst)
+        else:
+            compact_reference(self.k, self.v, src, dst)
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Finished requests leave the batch: the kept rows move to the front, in place (gathered
@@ -73,14 +85,26 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=args.qkv_bias)
         self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=args.qkv_bias)
         self.o_proj = nn.Linear(self.n_heads * hd, d, bias=args.o_bias)
+        self.qkv_proj: nn.Linear | None = None  # q, k and v in one GEMM after fuse_projections()
+
+    def fuse_projections(self) -> None:
+        """Replace q/k/v by one Linear of their stacked weights: at batch 1 each projection is a
+        GEMV too small to reach full memory bandwidth, and one launch replaces three."""
+        parts = (self.q_proj, self.k_proj, self.v_proj)
+        self.qkv_proj = _stacked(parts)
+        del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x, cos, sin, cache: KVCache | None, layer: int, start, block_mask, backend: str,
                 dense_mask: torch.Tensor | None = None, span: int = 0, fuse: bool = False):
         b, t, _ = x.shape
         hd = self.args.head_dim
-        q = self.q_proj(x).view(b, t, self.n_heads, hd).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.n_kv_heads, hd).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_kv_heads, hd).transpose(1, 2)
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).split([self.n_heads * hd, self.n_kv_heads * hd, self.n_kv_heads * hd], -1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(b, t, self.n_heads, hd).transpose(1, 2)
+        k = k.view(b, t, self.n_kv_heads, hd).transpose(1, 2)
+        v = v.view(b, t, self.n_kv_heads, hd).transpose(1, 2)
         q, k = fused.op("rope", fuse)(q, k, cos, sin)
         if cache is None:  # training / scoring: no cache, attend within the block only
             out = attention(q, k, v, 0, block_mask, backend="sdpa")
@@ -105,9 +129,30 @@ class FeedForward(nn.Module):
         self.gate_proj = nn.Linear(args.dim, inner, bias=args.mlp_bias)
         self.up_proj = nn.Linear(args.dim, inner, bias=args.mlp_bias)
         self.down_proj = nn.Linear(inner, args.dim, bias=args.mlp_bias)
+        self.gate_up_proj: nn.Linear | None = None  # gate and up in one GEMM after fuse_projections()
+
+    def fuse_projections(self) -> None:
+        self.gate_up_proj = _stacked((self.gate_proj, self.up_proj))
+        del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor, fuse: bool = False) -> torch.Tensor:
-        return self.down_proj(fused.op("silu_mul", fuse)(self.gate_proj(x), self.up_proj(x)))
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(fused.op("silu_mul", fuse)(gate, up))
+
+
+def _stacked(parts: tuple[nn.Linear, ...]) -> nn.Linear:
+    """One Linear whose output is the parts' outputs concatenated (same device and dtype)."""
+    w = parts[0].weight
+    out = nn.Linear(w.shape[1], sum(p.out_features for p in parts), bias=parts[0].bias is not None,
+                    device=w.device, dtype=w.dtype)
+    with torch.no_grad():
+        out.weight.copy_(torch.cat([p.weight for p in parts]))
+        if out.bias is not None:
+            out.bias.copy_(torch.cat([p.bias for p in parts]))
+    return out.requires_grad_(False)
 
 
 class Block(nn.Module):
@@ -136,6 +181,14 @@ class Transformer(nn.Module):
         self.cache: KVCache | None = None
         self.backend = "sdpa"
         self.fused = False  # pointwise ops compiled into single kernels (engine/fused.py; CUDA graphs turn it on)
+
+    def fuse_projections(self) -> None:
+        """q/k/v and gate/up each become one GEMM (after loading: checkpoints keep the HF names).
+        Under tensor parallelism each rank stacks its own shards, so the split stays per rank."""
+        for layer in self.layers:
+            if layer.self_attn.qkv_proj is None:
+                layer.self_attn.fuse_projections()
+                layer.mlp.fuse_projections()
 
     def setup_cache(self, batch: int, capacity: int) -> KVCache:
         w = self.embed_tokens.weight

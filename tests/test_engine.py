@@ -133,3 +133,36 @@ def test_cuda_graphs_on_a_cpu_engine_is_a_clear_error(llama_dir):
     with pytest.raises(engine.ModelLoadError, match="cuda_graphs needs a CUDA device"):
         engine.load(llama_dir, device="cpu", cuda_graphs=True)
     assert engine.load(llama_dir, device="cpu").graphs is None  # default: off without CUDA
+
+
+def test_fused_projections_keep_logits_and_greedy_output(tmp_path):
+    """Stacking q/k/v and gate/up into one GEMM each (done with CUDA graphs) changes no result."""
+    make_hf_model(tmp_path, "qwen2", n_kv=2)  # biased q/k/v: the stacked bias must line up too
+    eng = engine.load(tmp_path, heads=random_heads_sd(), device="cpu", dtype="float32")
+    ids = prompt(5, 20)
+
+    def logits():
+        with torch.no_grad():
+            eng.model.setup_cache(1, 64)
+            return eng.model.lm_head(eng.model(torch.tensor([ids]), torch.arange(20)))[0]
+
+    before, want = logits(), eng.generate(ids, 40, mode="medusa", tree="mc_sim_7b_63").token_ids
+    eng.model.fuse_projections()
+    attn, mlp = eng.model.layers[0].self_attn, eng.model.layers[0].mlp
+    assert attn.qkv_proj is not None and not hasattr(attn, "q_proj") and not hasattr(mlp, "up_proj")
+    torch.testing.assert_close(logits(), before, atol=1e-5, rtol=1e-5)
+    assert eng.generate(ids, 40, mode="medusa", tree="mc_sim_7b_63").token_ids == want
+
+
+def test_compaction_reference_gathers_before_writing():
+    """Slots move even when a destination is another move's source (ranges overlap)."""
+    from engine.model import compact_reference
+
+    k = torch.arange(2 * 1 * 1 * 8 * 2, dtype=torch.float32).view(2, 1, 1, 8, 2)
+    v = -k
+    src = torch.tensor([[0, 2, 3, 5, 5]])  # padded by repeating the last pair
+    dst = torch.tensor([[0, 1, 2, 3, 3]])
+    before = k.clone()
+    compact_reference(k, v, src, dst)
+    assert torch.equal(k[:, 0, 0, :4], before[:, 0, 0, [0, 2, 3, 5]])
+    assert torch.equal(v, -k) and torch.equal(k[:, 0, 0, 4:], before[:, 0, 0, 4:])

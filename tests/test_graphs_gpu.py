@@ -103,3 +103,28 @@ def test_fused_pointwise_ops_match_eager(dtype):
     po, pl = rnd(6, 17, 48, 64, dt=torch.float32), rnd(6, 17, 48, dt=torch.float32)
     pl[:, 3:9] = float("-inf")  # empty splits
     torch.testing.assert_close(fused.op("merge_splits", True)(po, pl, dtype), fused.merge_splits(po, pl, dtype), **tol)
+
+
+def test_queued_steps_with_requests_finishing_at_different_steps(eager):
+    """Steps are queued one ahead of the host: a request that stops (EOS) while the next step is in
+    flight gets none of that step's tokens, the others keep theirs, and a stream the caller
+    abandons leaves the engine consistent."""
+    eng = engine.load("demo", device="cuda", dtype="float32", backend="triton")
+    batch = heldout_prompts(4)
+    full = [eager.generate(p, 80, mode="ar", stop_on_eos=False).token_ids for p in batch]
+    stop = full[0][len(full[0]) // 3]  # a token that ends request 0 early, the others wherever it occurs
+    saved = eager.eos_ids
+    eager.eos_ids, eng.eos_ids = {stop}, {stop}
+    try:
+        want = [eager.generate(p, 80, mode="ar").token_ids for p in batch]
+        assert len({len(w) for w in want}) > 1  # the requests really finish at different steps
+        for mode, tree in (("ar", None), ("medusa", "mc_sim_7b_63"), ("medusa", "demo_tuned")):
+            assert [r.token_ids for r in eng.generate(batch, 80, mode=mode, tree=tree)] == want
+            assert [eng.generate(p, 80, mode=mode, tree=tree).token_ids for p in batch] == want
+    finally:
+        eager.eos_ids = eng.eos_ids = saved
+    for i, _ in enumerate(eng.stream(batch[1], 80, mode="medusa", tree="mc_sim_7b_63")):
+        if i == 3:
+            break
+    assert eng.generate(batch[2], 80, mode="medusa", tree="mc_sim_7b_63").token_ids == \
+        eager.generate(batch[2], 80, mode="ar").token_ids

@@ -91,3 +91,29 @@ def test_batched_triton_equals_single_sdpa():
     want = [ref.generate(p, 64, mode="ar").token_ids for p in batch]
     assert [r.token_ids for r in eng.generate(batch, 64, mode="medusa", tree="mc_sim_7b_63")] == want
     assert [r.token_ids for r in eng.generate(batch, 64, mode="ar")] == want
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("d", [64, 128, 80])
+@pytest.mark.parametrize("n", [1, 5, 33, 65])
+def test_compaction_kernel_matches_reference(dtype, d, n):
+    """One launch moves the accepted slots of every layer, request and head; overlapping source and
+    destination ranges, padding by repeating the last pair, and rows past the batch left alone."""
+    from engine.kernels.compact import compact
+    from engine.model import compact_reference
+
+    gen = torch.Generator(device="cuda").manual_seed(n * d)
+    layers, b_cap, heads, cap = 3, 4, 2, 300  # 3 requests in a cache of 4 rows
+    k = torch.randn(layers, b_cap, heads, cap, d, device="cuda", generator=gen).to(dtype)
+    v = torch.randn(layers, b_cap, heads, cap, d, device="cuda", generator=gen).to(dtype)
+    starts = torch.tensor([0, 17, 150], device="cuda")
+    kept = torch.tensor([n, max(1, n // 2), 1], device="cuda")
+    nodes = torch.sort(torch.randperm(n + 40, generator=torch.Generator().manual_seed(n))[:n]).values.cuda()
+    nodes[0] = 0  # the root is always kept and always first
+    steps = torch.arange(n, device="cuda")
+    src = starts[:, None] + torch.where(steps[None] < kept[:, None], nodes[None], nodes[torch.clamp(kept - 1, min=0)][:, None])
+    dst = starts[:, None] + torch.minimum(steps[None], kept[:, None] - 1)
+    want_k, want_v = k.clone(), v.clone()
+    compact_reference(want_k, want_v, src, dst)
+    compact(k, v, src, dst)
+    assert torch.equal(k, want_k) and torch.equal(v, want_v)
