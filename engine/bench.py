@@ -19,6 +19,7 @@ Parts:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import time
@@ -70,6 +71,9 @@ def run_e2e(eng, model: str, prompts, max_new, tree_names) -> dict:
                 "tokens_per_s": round(tokens / wall, 2)}, outs
 
     ar, ar_out = run("ar")
+    # how repetitive greedy text is: repeats are easy to draft, so acceptance should be read beside it
+    ratios = [distinct_ngram_ratio(o, 4) for o in ar_out if len(o) >= 4]  # an output cut short by EOS has none
+    ar["distinct_4gram_ratio"] = round(sum(ratios) / len(ratios), 3) if ratios else None
     out = {"transformers": run_transformers(eng, model, prompts, max_new, ar_out), "ar": ar, "medusa": {}}
     out["ar"]["speedup_vs_transformers"] = round(ar["tokens_per_s"] / out["transformers"]["tokens_per_s"], 3)
     for name in tree_names:
@@ -79,6 +83,12 @@ def run_e2e(eng, model: str, prompts, max_new, tree_names) -> dict:
         m["greedy_output_equals_ar"] = m_out == ar_out
         out["medusa"][name] = m
     return out
+
+
+def distinct_ngram_ratio(ids: list[int], n: int) -> float:
+    """Distinct n-grams over all n-grams of a token list (1.0: no n-gram repeats); needs >= n tokens."""
+    grams = [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
+    return len(set(grams)) / len(grams)
 
 
 def run_transformers(eng, model: str, prompts, max_new: int, ar_out: list[list[int]]) -> dict:
@@ -109,25 +119,32 @@ def run_transformers(eng, model: str, prompts, max_new: int, ar_out: list[list[i
             "greedy_output_equals_ours_ar": outs == ar_out}
 
 
-def run_latency(eng, prompts, sizes, traces) -> dict:
+def run_latency(eng, prompts, sizes, traces, rounds: int = 3) -> dict:
+    """Median step time per tree size (the AR point runs without heads, as AR decoding does).
+    Sizes are measured round-robin, `rounds` times over, and the median taken, so that a noisy
+    machine (a shared CPU) shifts every size alike instead of whichever ran during a spike."""
+    import statistics
+
     import trees
 
     vec = trees.rank_vectors_from_file(traces) if traces else None
-    curve = []
+    runs = {0: ("ar", None)}
     for n in sizes:
-        tree = trees.best_tree_empirical(vec, n) if vec else trees.chain(min(n, eng.num_heads))
-        tokens = steps = 0
-        ms = 0.0
-        for p in prompts:
-            r = eng.generate(p, 64, mode="medusa", tree=tree, trace=True)
-            steps += r.steps
-            tokens += r.new_tokens
-            ms += sum(t["step_ms"] for t in r.traces)
-        curve.append({"nodes": n, "step_ms": round(ms / steps, 3), "tokens_per_step": round(tokens / steps, 3)})
-    ar = eng.generate(prompts[0], 64, mode="ar", trace=True)
-    return {"ar_step_ms": round(sum(t["step_ms"] for t in ar.traces) / ar.steps, 3), "curve": curve,
-            "latency_points": [[1, round(sum(t["step_ms"] for t in ar.traces) / ar.steps, 3)]]
-            + [[c["nodes"] + 1, c["step_ms"]] for c in curve]}
+        runs[n] = ("medusa", trees.best_tree_empirical(vec, n) if vec else trees.chain(min(n, eng.num_heads)))
+    step_ms: dict[int, list[float]] = {n: [] for n in runs}
+    tokens: dict[int, int] = dict.fromkeys(runs, 0)
+    for mode, tree in runs.values():
+        eng.generate(prompts[0], 8, mode=mode, tree=tree)  # warm-up
+    for _ in range(rounds):
+        for n, (mode, tree) in runs.items():
+            for p in prompts:
+                for ev in eng.stream(p, 64, mode=mode, tree=tree):
+                    step_ms[n].append(ev.step_ms)
+                    tokens[n] += len(ev.tokens)
+    med = {n: round(statistics.median(v), 3) for n, v in step_ms.items()}
+    curve = [{"nodes": n, "step_ms": med[n], "tokens_per_step": round(tokens[n] / len(step_ms[n]), 3)} for n in sizes]
+    return {"ar_step_ms": med[0], "rounds": rounds, "curve": curve,
+            "latency_points": [[1, med[0]]] + [[c["nodes"] + 1, c["step_ms"]] for c in curve]}
 
 
 def run_batch(eng, prompts, max_new, batches, sizes, traces) -> dict:
@@ -138,7 +155,7 @@ def run_batch(eng, prompts, max_new, batches, sizes, traces) -> dict:
 
     def run(batch, mode, tree=None):
         group = [prompts[i % len(prompts)] for i in range(batch)]
-        eng.generate(group, 8, mode=mode, tree=tree)  # warm-up at this shape
+        eng.generate(group, max_new, mode=mode, tree=tree)  # warm-up: every batch size the run passes through
         t0 = time.perf_counter()
         res = eng.generate(group, max_new, mode=mode, tree=tree)
         wall = time.perf_counter() - t0
@@ -224,16 +241,19 @@ def run_step(shapes, prefix: int, backend: str) -> dict:
         row = {"shape": name, "weight_GB": round(weight_bytes / 1e9, 2), "weight_floor_ms": round(floor_ms, 3)}
         ours.setup_cache(1, prefix + 1024)
         prompt = torch.randint(0, cfg.vocab_size, (prefix,)).tolist()
-        plain, fused = StepGraphs(ours), StepGraphs(ours)  # graphs of unfused and of fused pointwise ops
-        for n in (0, 16, 32, 64):
-            choices = trees.best_tree_independent([[0.6, 0.15, 0.08, 0.05, 0.03]] * 4, n) if n else None
-            buf = trees.buffers(choices, topk=10).to("cuda") if n else None
-            key = "ar" if n == 0 else f"tree_{n}"
-            for variant, graphs in (("", None), ("_graph", plain), ("_graph_fused", fused)):
-                ours.fused = variant == "_graph_fused"
+        tree_of = {n: trees.best_tree_independent([[0.6, 0.15, 0.08, 0.05, 0.03]] * 4, n) if n else None
+                   for n in (0, 16, 32, 64)}
+        buf_of = {n: trees.buffers(c, topk=10).to("cuda") if n else None for n, c in tree_of.items()}
+        # the fused variant comes last: it also stacks q/k/v and gate/up into one GEMM each
+        for variant, graphs in (("", None), ("_graph", StepGraphs(ours)), ("_graph_fused", StepGraphs(ours))):
+            if variant == "_graph_fused":
+                ours.fused = True
+                ours.fuse_projections()
+            for n, choices in tree_of.items():
+                key, buf = ("ar" if n == 0 else f"tree_{n}"), buf_of[n]
                 state = prefill(ours, heads if n else None, [prompt], GREEDY, None)
 
-                def step():
+                def step(graphs=graphs, n=n, choices=choices, buf=buf, state=state):
                     if graphs is not None:
                         return graphs.step(heads if n else None, buf, choices, state)
                     if n:
@@ -241,6 +261,10 @@ def run_step(shapes, prefix: int, backend: str) -> dict:
                     return ar_step(ours, None, state, GREEDY, None)
 
                 row[f"{key}{variant}_ms"] = round(_cuda_ms(step), 3)
+                if variant == "_graph_fused" and n in (0, 64):
+                    # the same kernels launched eagerly, profiled: where the GPU time of a step goes
+                    state = prefill(ours, heads if n else None, [prompt], GREEDY, None)
+                    row[f"{key}_kernels"] = kernel_breakdown(functools.partial(step, graphs=None, state=state))
         for v in ("", "_graph", "_graph_fused"):
             row[f"ar{v}_over_floor"] = round(row[f"ar{v}_ms"] / floor_ms, 3)
             for n in (16, 32, 64):
@@ -257,6 +281,40 @@ def run_step(shapes, prefix: int, backend: str) -> dict:
         out["rows"].append(row)
         torch.cuda.empty_cache()
     return out
+
+
+def kernel_breakdown(fn, steps: int = 5) -> dict:
+    """GPU time per step of fn's kernels by kind, from the profiler: what a captured step costs
+    once launch gaps are gone (their sum against the graph's time is the gap left)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    kinds: dict[str, list[float]] = {}
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None)
+        if us is None:
+            us = e.cuda_time_total
+        if us <= 0:  # host-side events (launch calls) carry no device time
+            continue
+        name = e.key.lower()
+        kind = ("gemm" if any(w in name for w in ("gemm", "gemv", "nvjet", "cutlass", "sm90", "splitk")) else
+                "attention" if "tree_attn" in name else
+                "fused (compiled)" if name.startswith("triton_") else
+                "index/copy" if any(w in name for w in ("index", "copy", "memcpy", "memset", "scatter", "gather", "cat"))
+                else "other")
+        k = kinds.setdefault(kind, [0.0, 0])
+        k[0] += us / steps / 1e3
+        k[1] += e.count / steps
+    total = sum(v[0] for v in kinds.values())
+    return {"kernel_ms": round(total, 3), "kernels": round(sum(v[1] for v in kinds.values())),
+            "by_kind": {k: {"ms": round(v[0], 3), "kernels": round(v[1])} for k, v in
+                        sorted(kinds.items(), key=lambda kv: -kv[1][0])}}
 
 
 def copy_bandwidth(nbytes: int = 2 << 30) -> float:

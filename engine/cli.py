@@ -1,4 +1,4 @@
-"""`python -m engine generate|bench|train-heads|build-demo-corpus|train-base`."""
+"""`python -m engine generate|bench|train-heads|eval-heads|build-demo-corpus|train-base|...`."""
 
 from __future__ import annotations
 
@@ -65,9 +65,17 @@ def _train_heads(a) -> int:
 
     rep = train_heads(a.model, a.data, a.out, num_heads=a.heads, num_layers=a.layers,
                       shared_lm_head=not a.private_proj, steps=a.steps, minutes=a.minutes, batch=a.batch,
-                      seq=a.seq, lr=a.lr, eval_every=a.eval_every, self_distill=a.self_distill, heldout=a.heldout, device=a.device,
+                      seq=a.seq, lr=a.lr, eval_every=a.eval_every, self_distill=a.self_distill, distill_batch=a.distill_batch,
+                      heldout=a.heldout, device=a.device,
                       resume=not a.no_resume)
     print(json.dumps({k: rep[k] for k in ("steps", "seconds", "heldout", "out")}))
+    return 0
+
+
+def _eval_heads(a) -> int:
+    from .train_heads import eval_heads
+
+    print(json.dumps(eval_heads(a.model, a.data, a.heads, seq=a.seq, batch=a.batch, n_batches=a.batches, device=a.device)))
     return 0
 
 
@@ -81,7 +89,8 @@ def _build_corpus(a) -> int:
 def _train_base(a) -> int:
     from .train_base import train_base
 
-    rep = train_base(a.data, a.out, minutes=a.minutes, steps=a.steps, batch=a.batch, seq=a.seq, lr=a.lr, device=a.device)
+    rep = train_base(a.data, a.out, minutes=a.minutes, steps=a.steps, batch=a.batch, seq=a.seq, lr=a.lr, device=a.device,
+                     future_heads=a.future_heads, future_weight=a.future_weight)
     print(json.dumps({k: v for k, v in rep.items() if k != "history"}))
     return 0
 
@@ -173,9 +182,20 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-every", type=int, default=200)
     t.add_argument("--self-distill", type=int, default=0, metavar="N",
                    help="train on N greedy continuations written by the base model itself (Medusa-2's advice)")
+    t.add_argument("--distill-batch", type=int, default=256, help="continuations generated together")
     t.add_argument("--no-resume", action="store_true")
     t.add_argument("--device", default=None)
     t.set_defaults(fn=_train_heads)
+
+    e = sub.add_parser("eval-heads", help="per-head top-1/top-5 accuracy on a token file or text")
+    e.add_argument("--model", default="demo")
+    e.add_argument("--heads", default=None, help="heads file (default: found beside the model)")
+    e.add_argument("--data", required=True, help="token file (.bin uint16 / .npy) or text file/folder")
+    e.add_argument("--seq", type=int, default=256)
+    e.add_argument("--batch", type=int, default=16)
+    e.add_argument("--batches", type=int, default=4)
+    e.add_argument("--device", default=None)
+    e.set_defaults(fn=_eval_heads)
 
     c = sub.add_parser("build-demo-corpus", help="rebuild the demo corpus and tokenizer offline")
     c.add_argument("--out", default="data/demo")
@@ -190,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch", type=int, default=64)
     b.add_argument("--seq", type=int, default=1024)
     b.add_argument("--lr", type=float, default=2e-3)
+    b.add_argument("--future-heads", type=int, default=0, metavar="K",
+                   help="also train K throwaway future-token heads with the base (their loss shapes its hidden "
+                        "states); the shipped Medusa heads are trained afterwards on the frozen base")
+    b.add_argument("--future-weight", type=float, default=0.2, help="weight of the future-token loss")
     b.add_argument("--device", default=None)
     b.set_defaults(fn=_train_base)
 

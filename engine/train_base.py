@@ -2,6 +2,13 @@
 
 One readable loop, nanoGPT style: random windows of a uint16 token file, AdamW, warmup then
 cosine decay over a step count fixed from a time budget after a short timing warm-up.
+
+`future_heads=K` adds an auxiliary loss while the base trains (multi-token prediction, as in
+Gloeckle et al. 2024 and Medusa-2's joint stage): K Medusa-shaped heads learn the tokens at
+t+2..t+K+1 from the last hidden state, weighted `future_weight` x 0.8^k. A base trained only for the
+next token keeps little about later tokens in that state, and Medusa-1 heads, which read only it,
+cannot recover what is not there. These heads are thrown away; the shipped ones are trained
+afterwards on the frozen base (train_heads.py).
 """
 
 from __future__ import annotations
@@ -17,7 +24,9 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from .config import ModelArgs
+from .heads import MedusaHeads
 from .model import Transformer
+from .train_heads import head_loss
 
 DEMO_SHAPE = dict(vocab_size=8192, dim=384, n_layers=5, n_heads=6, n_kv_heads=2, head_dim=64,
                   intermediate_size=896, norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=1024,
@@ -78,7 +87,8 @@ def evaluate(model: Transformer, tokens: np.ndarray, seq: int, batch: int, devic
 
 
 def train_base(data_dir: str | Path, out_dir: str | Path, minutes: float = 5.0, batch: int = 64, seq: int = 1024,
-               lr: float = 2e-3, seed: int = 0, steps: int | None = None, device: str | None = None, log=print) -> dict:
+               lr: float = 2e-3, seed: int = 0, steps: int | None = None, device: str | None = None,
+               future_heads: int = 0, future_weight: float = 0.2, log=print) -> dict:
     data_dir, out = Path(data_dir), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -88,7 +98,9 @@ def train_base(data_dir: str | Path, out_dir: str | Path, minutes: float = 5.0, 
     args = ModelArgs(**DEMO_SHAPE)
     model = Transformer(args).to(dev)
     init_weights(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=dev.type == "cuda")
+    aux = MedusaHeads(future_heads, 1, args.dim, None).to(dev) if future_heads else None
+    params = list(model.parameters()) + (list(aux.parameters()) if aux is not None else [])
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=dev.type == "cuda")
     it = batches(train, batch, seq, dev, np.random.default_rng(seed))
     positions = torch.arange(seq, device=dev)
     warmup, total, step, t0 = 100, steps, 0, time.time()
@@ -107,14 +119,16 @@ def train_base(data_dir: str | Path, out_dir: str | Path, minutes: float = 5.0, 
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             h = model(x, positions, use_cache=False)
             loss = F.cross_entropy(model.lm_head(h).float().flatten(0, 1), y.flatten())
+            future = head_loss(aux, model, h, y)[0] if aux is not None else None
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        (loss if future is None else loss + future_weight * future).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
         if step % 250 == 0 or step == total:
             hl = evaluate(model, held, seq, batch, dev)
-            history.append({"step": step, "train_loss": loss.item(), "heldout_loss": hl, "s": time.time() - t0})
+            history.append({"step": step, "train_loss": loss.item(), "heldout_loss": hl, "s": time.time() - t0,
+                            **({"train_future_loss": future.item()} if future is not None else {})})
             log(json.dumps(history[-1]))
             if hl < best[0]:
                 best = (hl, {k: v.detach().clone() for k, v in model.state_dict().items()})
@@ -123,7 +137,8 @@ def train_base(data_dir: str | Path, out_dir: str | Path, minutes: float = 5.0, 
     (out / "config.json").write_text(json.dumps(hf_config(args, eos), indent=1))
     save_file(hf_state_dict(model), str(out / "model.safetensors"), metadata={"format": "pt"})
     report = {"steps": step, "batch": batch, "seq": seq, "tokens_seen": step * batch * seq, "seconds": time.time() - t0,
-              "best_heldout_loss": best[0], "params": sum(p.numel() for p in model.parameters()),
+              "best_heldout_loss": best[0], "future_heads": future_heads,
+              "future_weight": future_weight if future_heads else 0.0, "params": sum(p.numel() for p in model.parameters()),
               "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "history": history}
     (out / "train_base.json").write_text(json.dumps(report, indent=1))
     return report

@@ -80,6 +80,21 @@ def evaluate_heads(heads, base, tokens: np.ndarray, seq: int, batch: int, device
     return [{"head": i, "top1": float(per1[i]) / total, "top5": float(per5[i]) / total} for i in range(heads.num_heads)]
 
 
+def eval_heads(model: str, data: str, heads: str | None = None, seq: int = 256, batch: int = 16, n_batches: int = 4,
+               device: str | None = None) -> dict:
+    """Per-head top-1/top-5 on any token file or text (e.g. real held-out text, where the
+    self-distilled held-out numbers of `train_heads` read the model's own continuations)."""
+    from .engine import load
+
+    eng = load(model, heads=heads if heads is not None else True, device=device, dtype="float32", cuda_graphs=False)
+    tokens = read_training_tokens(data, resolve_model_dir(model))
+    if len(tokens) < seq + 2:
+        raise ValueError(f"{data}: {len(tokens)} tokens, fewer than one window of {seq + 1}")
+    acc = evaluate_heads(eng.heads, eng.model, tokens, seq, batch, eng.device, n_batches)
+    return {"model": str(model), "heads": eng.heads_source, "data": str(data), "positions": n_batches * batch *
+            (seq - eng.heads.num_heads - 1), "heldout": acc}
+
+
 def _batch(tokens: np.ndarray, batch: int, seq: int, device, rng):
     """Random windows of a flat token stream, or random rows of a [N, seq+1] array of sequences."""
     if tokens.ndim == 2:
