@@ -47,6 +47,7 @@ def step_trace(
         record["node_tokens"] = node_tokens
         record["node_text"] = [decode(t) for t in node_tokens]
         record["target_argmax"] = argmax.tolist()
+        record["target_argmax_text"] = [decode(t) for t in record["target_argmax"]]
         record["target_argmax_prob"] = [round(p, 6) for p in argmax_p.tolist()]
         # probability the target gave each node's token at the node's parent (the root: unknown here)
         record["target_prob"] = [

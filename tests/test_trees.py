@@ -242,3 +242,16 @@ def test_cli(tmp_path, capsys):
     f.write_text("[[0, 1]]")
     assert main(["validate", str(f)]) == 2
     assert "prefix [0] is missing" in capsys.readouterr().err
+
+
+def test_show_draws_every_node_under_its_parent():
+    """`trees show` lists depth-first: a node's parent is the nearest line above it one level up."""
+    from trees.__main__ import draw
+
+    lines = draw([[0], [1], [0, 0], [1, 0], [0, 0, 0]]).splitlines()[1:]
+    paths = [json.loads(line[line.index("["):]) for line in lines]
+    assert paths == [[0], [0, 0], [0, 0, 0], [1], [1, 0]]
+    for i, p in enumerate(paths):
+        if len(p) > 1:
+            parent = next(q for q in reversed(paths[:i]) if len(q) == len(p) - 1)
+            assert parent == p[:-1]

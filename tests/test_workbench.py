@@ -59,6 +59,11 @@ def test_step_tree_figure_matches_trace(run):
     assert sum(x is None for x in bold.x) == len(tr["accepted_nodes"]) - 1  # one bold edge per accepted node
     rows = figures.node_rows(tr)
     assert [r["token_text"] for r in rows] == tr["node_text"]
+    for step in run:  # a rejected node names, as text, what the target chose at its parent
+        parents = trees.buffers(step["tree"]).parent.tolist()
+        for r in figures.node_rows(step):
+            if r["status"] == "rejected":
+                assert r["why"] == f"target chose {step['target_argmax_text'][parents[r['node']]]!r} at the parent"
     # pruning keeps the accepted path
     pruned = figures.step_tree_figure(tr, min_path_prob=0.5)
     assert sum(len(t.x) for t in pruned.data if t.mode == "markers+text") <= len(rows)

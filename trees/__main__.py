@@ -27,9 +27,10 @@ from . import (
 
 
 def draw(choices: list[list[int]]) -> str:
-    """Text drawing: one line per node, indented by depth, labelled head/rank."""
+    """Text drawing: one line per node, indented by depth, labelled head/rank; depth-first (paths
+    in lexicographic order) so every node sits under its parent."""
     lines = ["root"]
-    for p in choices:
+    for p in sorted(choices):
         lines.append("  " * len(p) + f"└ h{len(p) - 1} r{p[-1]}  {p}")
     return "\n".join(lines)
 

@@ -49,9 +49,7 @@ def node_rows(trace: dict) -> list[dict]:
         target_tok = trace["target_argmax"][par] if par >= 0 and "target_argmax" in trace else None
         target_txt = None
         if target_tok is not None:
-            # the target's choice at the parent is a node token when some sibling matched; else show the id
-            tokens = trace.get("node_tokens") or []
-            target_txt = next((texts[j] for j, t in enumerate(tokens) if t == target_tok), f"<{target_tok}>")
+            target_txt = trace["target_argmax_text"][par] if "target_argmax_text" in trace else f"<{target_tok}>"
         reason = ""
         if status[i] == "rejected":
             reason = f"target chose {target_txt!r} at the parent"
@@ -103,8 +101,10 @@ def step_tree_figure(trace: dict, min_path_prob: float = 0.0, max_labels: int = 
             marker=dict(size=[10 + 20 * (rows[n]["head_prob"] or 1.0) ** 0.5 for n in members], color=COLORS[status],
                         line=dict(width=1, color="#333")),
             customdata=[n for n in members], hovertext=[_hover(rows[n]) for n in members], hoverinfo="text"))
-    fig.update_layout(title=f"step {trace['step']}: accepted {len(trace['accepted_tokens'])} token(s) "
-                            f"{trace['accepted_text']!r}", showlegend=True, height=420, margin=dict(l=10, r=10, t=40, b=10),
+    title = f"step {trace['step']}: accepted {len(trace['accepted_tokens'])} token(s) {trace['accepted_text']!r}"
+    if len(trace["accepted_tokens"]) < len(trace["accepted_nodes"]):  # the run ended inside this step's path
+        title += f" (of {len(trace['accepted_nodes'])}; the rest fell past EOS or the token limit)"
+    fig.update_layout(title=title, showlegend=True, height=420, margin=dict(l=10, r=10, t=40, b=10),
                       xaxis=dict(visible=False), yaxis=dict(visible=False), plot_bgcolor="white")
     return fig
 

@@ -334,8 +334,8 @@ def step_view(traces: list[dict], step: int):
 
 
 def example_prompt() -> str:
-    prompts = heldout_prompts(1)
-    return prompts[0] if prompts else "def read_config(path):\n"
+    """The README's CLI prompt, so the app and `python -m engine generate` start in the same place."""
+    return "def read_config(path):"
 
 
 def default_data_dir() -> Path:
