@@ -249,7 +249,7 @@ class Engine:
         parent = buf.parent.tolist() if mode == "medusa" else [-1]
         graphs = self.graphs if self.graphs and StepGraphs.usable(self.model, accept, params, mode) else None
         graph_heads = self.heads if mode == "medusa" else with_heads
-        per_step = 1 + (max(map(len, choices)) if mode == "medusa" else 0)  # most tokens one step can commit
+        per_step = buf.retrieve_indices.shape[1] if mode == "medusa" else 1  # most tokens one step can commit
         queued = None  # a launched step not yet read, and the rows it ran for
         step = 0
         try:

@@ -4,8 +4,8 @@ After a tree step the accepted nodes' K/V sit at scattered slots `start + node`;
 `start + 0..kept-1`. The reference is `engine.model.compact_reference` (two gathers and two scatters
 plus their index arithmetic, about eight launches; it is also the CPU path). Here one program per
 (layer, request, KV head) loads all of its source rows before storing any, so sources and
-destinations may overlap, and programs never touch each other's rows. Indices are read on the device, so it runs inside a
-captured CUDA graph.
+destinations may overlap, and programs never touch each other's rows. Indices are read on the
+device, so it runs inside a captured CUDA graph.
 """
 
 from __future__ import annotations
