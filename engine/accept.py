@@ -10,7 +10,6 @@ import torch
 
 TYPICAL_EPSILON = 0.09
 TYPICAL_DELTA = 0.3
-ACCEPT_RULES = ("greedy", "typical", "sample")
 
 
 def _paths(retrieve: torch.Tensor, node_tokens: torch.Tensor):

@@ -1,88 +1,72 @@
-"""The one attention entry point: every backend computes the same function.
+"""The one attention entry point: every backend computes the same function (docs/attention.md).
 
-q [B, Hq, T, D] are the block's queries; k, v [B, Hkv, S, D] hold the committed prefix in slots
-[0, start) and the block itself in [start, start+T). Query i sees every prefix slot and the block
-slots j where block_mask[i, j] (None = causal). Backends: `sdpa` (the reference, any device) and
-`triton` (our tree-masked split-KV flash-decoding kernel, CUDA; engine/kernels/tree_attention.py).
+A forward builds one `AttentionContext` (per-request starts, the slots read, and the mask in the
+form its backend wants), and every layer calls `attention(q, k, v, ctx)` with it. Backends:
+  sdpa    the reference, any device: `kernels.tree_attention.tree_attention_reference`
+  triton  our tree-masked split-KV flash-decoding kernel (CUDA): `kernels.tree_attention.tree_attention`
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
+
+from .kernels.tree_attention import reference_mask, tree_attention, tree_attention_reference
 
 BACKENDS = ("sdpa", "triton")
 
 
 @functools.lru_cache(maxsize=64)
 def causal_bits(t: int, device: torch.device) -> torch.Tensor:
-    """The causal [t, t] mask packed for the triton kernel, made once per (t, device): AR steps and
+    """The causal [t, t] block packed for the triton kernel, made once per (t, device): AR steps and
     prefill reuse it, and a captured CUDA graph never copies it from the host."""
     from trees import pack_mask_bits
 
     return pack_mask_bits(torch.ones(t, t, dtype=torch.bool).tril()).to(device)
 
 
-def full_mask(start: int, block_mask: torch.Tensor | None, t: int, device, groups: int = 1) -> torch.Tensor:
-    """[groups*T, start+T] bool: prefix all visible, then the block's own mask (rows repeated per
-    query head of a GQA group)."""
-    if block_mask is None:
-        block_mask = torch.ones(t, t, dtype=torch.bool, device=device).tril()
-    prefix = torch.ones(t, start, dtype=torch.bool, device=device)
-    mask = torch.cat((prefix, block_mask.to(device=device, dtype=torch.bool)), dim=1)
-    return mask.repeat(groups, 1) if groups > 1 else mask
+@dataclass
+class AttentionContext:
+    """What all layers of one forward share. `start`: committed prefix length, an int for the whole
+    batch or a [B] device tensor per request; `span`: cache slots the layers read (>= start + T);
+    `block_mask` [T, T] bool (None = causal); `sdpa_mask`: the dense boolean mask (sdpa backend);
+    `tree_bits` [T, W] int64: block_mask packed 64 columns per word (triton backend)."""
+
+    backend: str
+    start: int | torch.Tensor
+    span: int
+    block_mask: torch.Tensor | None
+    sdpa_mask: torch.Tensor | None = None
+    tree_bits: torch.Tensor | None = None
+
+    @classmethod
+    def build(cls, backend: str, start: int | torch.Tensor, t: int, span: int, block_mask: torch.Tensor | None,
+              tree_bits: torch.Tensor | None, groups: int, device: torch.device) -> AttentionContext:
+        """Prepare the mask once per forward (tree_bits, when given, is block_mask already packed on the
+        device: required inside a CUDA graph)."""
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown attention backend {backend!r}; choose from {', '.join(BACKENDS)}")
+        ctx = cls(backend, start, span, block_mask)
+        if backend == "sdpa":
+            plain_prefill = isinstance(start, int) and start == 0 and block_mask is None
+            if not plain_prefill:
+                ctx.sdpa_mask = reference_mask(start, block_mask, t, span, groups)
+        elif tree_bits is not None:
+            ctx.tree_bits = tree_bits
+        elif block_mask is None:
+            ctx.tree_bits = causal_bits(t, device)
+        else:
+            from trees import pack_mask_bits
+
+            ctx.tree_bits = pack_mask_bits(block_mask.cpu()).to(device)
+        return ctx
 
 
-def batch_mask(starts: torch.Tensor, block_mask: torch.Tensor | None, t: int, span: int, groups: int = 1) -> torch.Tensor:
-    """[B, 1, groups*T, span] bool for per-request lengths: request r's query i sees slots j < starts[r]
-    and block slots starts[r] + m where block_mask[i, m]; every other slot (another request's
-    longer prefix, stale tree nodes) is hidden."""
-    dev = starts.device
-    if block_mask is None:
-        block_mask = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
-    rel = torch.arange(span, device=dev)[None, :] - starts[:, None]  # [B, span] slot offset into the block
-    in_block = (rel >= 0) & (rel < t)
-    tree = block_mask.to(dev)[:, rel.clamp(0, t - 1)].transpose(0, 1)  # [B, T, span]
-    mask = (rel < 0)[:, None, :] | (in_block[:, None, :] & tree)
-    if groups > 1:
-        mask = mask.repeat(1, groups, 1)
-    return mask[:, None]
-
-
-def sdpa_attention(q, k, v, start: int, block_mask: torch.Tensor | None, mask: torch.Tensor | None = None):
-    """mask: the [T, start+T] full mask when the caller built it once for all layers. With
-    per-request `start` [B], k/v are already cut to the span and mask is `batch_mask(...)`."""
-    b, hq, t, d = q.shape
-    hkv = k.shape[1]
-    if isinstance(start, torch.Tensor):
-        if mask is None:
-            mask = batch_mask(start, block_mask, t, k.shape[2], hq // hkv)
-    else:
-        k, v = k[:, :, : start + t], v[:, :, : start + t]
-        if hq == hkv and block_mask is None and start == 0:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        if mask is None:
-            mask = full_mask(start, block_mask, t, q.device)
-    if hq == hkv:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    # GQA without copying K/V: the G query heads of a KV head become G*T rows of one query block
-    g = hq // hkv
-    if mask.dim() == 2 and mask.shape[0] == t:  # one row per token: repeat it for each query head
-        mask = mask.repeat(g, 1)
-    out = F.scaled_dot_product_attention(q.reshape(b, hkv, g * t, d), k, v, attn_mask=mask)
-    return out.reshape(b, hq, t, d)
-
-
-def attention(q, k, v, start: int, block_mask: torch.Tensor | None, backend: str = "sdpa",
-              dense_mask: torch.Tensor | None = None, fuse: bool = False) -> torch.Tensor:
-    """dense_mask: what the backend precomputed once per forward (SDPA: the full bool mask;
-    triton: the block's packed ancestor bits). fuse: merge the kernel's splits with a compiled op."""
-    if backend == "sdpa":
-        return sdpa_attention(q, k, v, start, block_mask, dense_mask)
-    if backend == "triton":
-        from .kernels.tree_attention import tree_attention
-
-        return tree_attention(q, k, v, start, block_mask, mask_bits=dense_mask, fuse=fuse)
-    raise ValueError(f"unknown attention backend {backend!r}; choose from {', '.join(BACKENDS)}")
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+    """q [B, Hq, T, D]; k, v [B, Hkv, >= span, D] of one layer's cache (slots past `span` are never read)."""
+    k, v = k[:, :, : ctx.span], v[:, :, : ctx.span]
+    if ctx.backend == "sdpa":
+        return tree_attention_reference(q, k, v, ctx.start, ctx.block_mask, ctx.sdpa_mask)
+    return tree_attention(q, k, v, ctx.start, tree_bits=ctx.tree_bits)

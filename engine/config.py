@@ -37,7 +37,11 @@ class ModelArgs:
     bos_token_id: int | None = None
 
     @classmethod
-    def from_hf_config(cls, cfg: dict, where: str = "config.json") -> ModelArgs:
+    def from_hf_config(cls, cfg: object, where: str = "config.json") -> ModelArgs:
+        """Read and check a transformers config dict: every size a positive integer within LIMITS
+        (checked before anything is allocated), the architecture and RoPE type ones we implement."""
+        if not isinstance(cfg, dict):
+            raise ModelLoadError(f"{where}: expected a JSON object, got {type(cfg).__name__}")
         model_type = cfg.get("model_type", "")
         if model_type not in SUPPORTED_ARCHITECTURES:
             archs = cfg.get("architectures")
@@ -48,34 +52,49 @@ class ModelArgs:
         for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
             if key not in cfg:
                 raise ModelLoadError(f"{where}: missing {key!r}")
-        n_heads = cfg["num_attention_heads"]
-        n_kv = cfg.get("num_key_value_heads") or n_heads
+        size = {key: _size(cfg, key, where) for key in LIMITS if cfg.get(key) is not None}
+        n_heads = size["num_attention_heads"]
+        n_kv = size.get("num_key_value_heads") or n_heads
         if n_heads % n_kv:
             raise ModelLoadError(f"{where}: num_attention_heads {n_heads} is not a multiple of num_key_value_heads {n_kv}")
+        head_dim = size.get("head_dim") or size["hidden_size"] // n_heads
+        if head_dim < 1 or head_dim % 2:
+            raise ModelLoadError(f"{where}: head_dim {head_dim} must be a positive even number (RoPE rotates pairs)")
         # transformers 5 writes rope settings under rope_parameters; older files use rope_theta/rope_scaling
-        rope = dict(cfg.get("rope_parameters") or {})
-        scaling = dict(cfg.get("rope_scaling") or {})
-        theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
-        scaling.update(rope)
+        rope = cfg.get("rope_parameters") or {}
+        scaling = cfg.get("rope_scaling") or {}
+        if not isinstance(rope, dict) or not isinstance(scaling, dict):
+            raise ModelLoadError(f"{where}: rope_parameters / rope_scaling must be JSON objects")
+        scaling = {**scaling, **rope}
+        theta = _number(scaling.pop("rope_theta", cfg.get("rope_theta", 10000.0)), "rope_theta", where)
         rope_type = scaling.get("rope_type", scaling.get("type", "default"))
         if rope_type not in ("default", "linear", "llama3"):
             raise ModelLoadError(f"{where}: rope_type {rope_type!r} is not supported (default, linear, llama3)")
         scaling["rope_type"] = rope_type
+        needed = {"linear": ("factor",), "llama3": ("factor", "original_max_position_embeddings")}.get(rope_type, ())
+        for key in needed:
+            if key not in scaling:
+                raise ModelLoadError(f"{where}: {rope_type} RoPE scaling needs {key!r}")
+            _number(scaling[key], key, where)
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        if not all(isinstance(e, int) and not isinstance(e, bool) for e in eos_ids):
+            raise ModelLoadError(f"{where}: eos_token_id must be an integer or a list of integers")
         window = cfg.get("sliding_window") if cfg.get("use_sliding_window", model_type == "mistral") else None
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+            raise ModelLoadError(f"{where}: sliding_window must be a positive integer or null")
         return cls(
-            vocab_size=cfg["vocab_size"],
-            dim=cfg["hidden_size"],
-            n_layers=cfg["num_hidden_layers"],
+            vocab_size=size["vocab_size"],
+            dim=size["hidden_size"],
+            n_layers=size["num_hidden_layers"],
             n_heads=n_heads,
             n_kv_heads=n_kv,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // n_heads,
-            intermediate_size=cfg["intermediate_size"],
-            norm_eps=cfg.get("rms_norm_eps", 1e-5),
-            rope_theta=float(theta),
+            head_dim=head_dim,
+            intermediate_size=size["intermediate_size"],
+            norm_eps=_number(cfg.get("rms_norm_eps", 1e-5), "rms_norm_eps", where),
+            rope_theta=theta,
             rope_scaling=scaling,
-            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            max_position_embeddings=size.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
             o_bias=model_type != "qwen2" and bool(cfg.get("attention_bias", False)),
@@ -85,6 +104,25 @@ class ModelArgs:
             eos_token_ids=eos_ids,
             bos_token_id=cfg.get("bos_token_id"),
         )
+
+
+# Largest sizes accepted from a config.json: several times today's largest open models, and small
+# enough that a hostile file cannot make the loader spin or allocate (10**7 layers hung it once).
+LIMITS = {"vocab_size": 2**22, "hidden_size": 65536, "num_hidden_layers": 1024, "num_attention_heads": 1024,
+          "num_key_value_heads": 1024, "head_dim": 1024, "intermediate_size": 2**20, "max_position_embeddings": 2**24}
+
+
+def _size(cfg: dict, key: str, where: str) -> int:
+    v = cfg[key]
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= LIMITS[key]:
+        raise ModelLoadError(f"{where}: {key} must be an integer in [1, {LIMITS[key]}], got {v!r}")
+    return v
+
+
+def _number(v: object, key: str, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ModelLoadError(f"{where}: {key} must be a positive number, got {v!r}")
+    return float(v)
 
 
 def rope_inv_freq(args: ModelArgs) -> torch.Tensor:

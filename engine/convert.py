@@ -9,7 +9,6 @@ allowed; adding them (copies of the base lm_head) is exact.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -17,8 +16,8 @@ import torch
 from safetensors.torch import save_file
 
 from .config import ModelArgs, ModelLoadError
-from .heads import MedusaHeads, detect_layout
-from .loading import HEAD_FILES, base_weight_files, find_heads, read_state_dict, resolve_model_dir
+from .heads import MedusaHeads, detect_layout, validate_heads
+from .loading import HEAD_FILES, base_weight_files, find_heads, read_config, read_state_dict, resolve_model_dir
 
 TARGETS = ("faster-decoding", "safetensors", "shared-lm-head", "medusa2")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -44,7 +43,7 @@ def read_heads_source(path: str | Path) -> tuple[dict[str, torch.Tensor], str, P
 
 
 def _model_args(model_dir: Path) -> ModelArgs:
-    return ModelArgs.from_hf_config(json.loads((model_dir / "config.json").read_text()), where=str(model_dir / "config.json"))
+    return read_config(model_dir)
 
 
 def inspect(path: str | Path, model: str | Path | None = None) -> dict:
@@ -87,11 +86,11 @@ def inspect(path: str | Path, model: str | Path | None = None) -> dict:
                      "bytes_per_step_added": params * elt + shared_read}
     if base_dir is not None:
         problems = []
-        if dim != info["base"]["hidden_size"]:
-            problems.append(f"heads have hidden size {dim}, the base model {info['base']['hidden_size']}")
-        v = info["heads"]["vocab_size"]
-        if v is not None and v != info["base"]["vocab_size"]:
-            problems.append(f"heads project to {v} tokens, the base vocabulary has {info['base']['vocab_size']}")
+        try:  # the check `load` makes, so inspect and generate never disagree
+            validate_heads({k: tuple(t.shape) for k, t in sd.items()}, info["base"]["hidden_size"],
+                           info["base"]["vocab_size"], where)
+        except ModelLoadError as e:
+            problems.append(str(e))
         info["mismatch"] = problems
         base_bytes = sum(f.stat().st_size for f in base_weight_files(base_dir))
         info["heads"]["share_of_step_bytes"] = round(info["heads"]["bytes_per_step_added"] / max(base_bytes, 1), 4)
@@ -200,9 +199,10 @@ def _top1(sd: dict[str, torch.Tensor], model_dir: Path, data: str) -> list[float
 
     from .heads import heads_from_state_dict
     from .loading import load_base
-    from .train_heads import evaluate_heads, read_training_tokens
+    from .train.data import read_training_tokens
+    from .train.heads import evaluate_heads
 
-    base, _ = load_base(model_dir, torch.device("cpu"), torch.float32)
+    base, _, _ = load_base(model_dir, torch.device("cpu"), torch.float32)
     heads: MedusaHeads = heads_from_state_dict({k: v.float() for k, v in sd.items()}, base.args.dim, base.args.vocab_size, "heads")
     tokens = read_training_tokens(data, model_dir)
     seq = min(256, len(tokens) - 2)

@@ -13,33 +13,16 @@ import torch
 import trees
 
 from .config import ModelLoadError
-from .decode import DecodeState, ar_step, prefill, tree_step
+from .generation import GenerationConfig, GenerationError
 from .graphs import StepGraphs
 from .heads import MedusaHeads
-from .loading import find_heads, load_base, load_heads, resolve_model_dir
+from .loading import check_backend, default_backend, find_heads, load_base, load_heads, load_tokenizer, resolve_model_dir
 from .model import Transformer
-from .sampling import SamplingParams
+from .session import EagerRunner, GraphRunner, Request, Session, StepEvent
 from .tp import SINGLE, TP
-from .trace import TraceWriter, header, step_trace
+from .trace import Tracer, TraceWriter, header
 
-MODES = ("ar", "medusa")
-MAX_TREE_NODES = 512  # candidates verified per step; beyond this a step costs more than it can win
-
-
-class GenerationError(ValueError):
-    """Bad generation settings or input (too long, empty, unknown mode); nothing was run."""
-
-
-@dataclass
-class StepEvent:
-    step: int
-    tokens: list[int]
-    text: str  # text this step added to the output
-    accepted_nodes: list[int]
-    step_ms: float
-    trace: dict | None
-    done: bool = False
-    finish_reason: str | None = None  # "eos" | "length" on the last event
+CACHE_GRANULE = 256  # KV cache capacity is rounded up to this, so similar requests reuse one cache (and its graphs)
 
 
 @dataclass
@@ -67,7 +50,23 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+def parse_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return default_device()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ModelLoadError(f"unknown device {device!r}; use cpu or cuda[:N]") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ModelLoadError(f"device {device!r} is not supported; use cpu or cuda[:N]")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r}: this torch build or machine has no CUDA")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ModelLoadError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s)")
+    return dev
+
+
+def parse_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype is None:
@@ -80,28 +79,30 @@ def _dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype
 
 
 class Engine:
+    """A loaded model with its heads and tokenizer. Build it with `engine.load`; the model is used as
+    built (backend and fused kernels fixed by `loading.build_model`)."""
+
     def __init__(self, model: Transformer, heads: MedusaHeads | None, tokenizer, name: str, heads_source: str | None,
-                 max_seq_len: int | None = None, cuda_graphs: bool | None = None):
+                 max_seq_len: int | None = None, cuda_graphs: bool = False):
         self.model, self.heads, self.tokenizer = model, heads, tokenizer
-        on_cuda = model.embed_tokens.weight.device.type == "cuda"
-        if cuda_graphs and not on_cuda:
+        if cuda_graphs and self.device.type != "cuda":
             raise ModelLoadError("cuda_graphs needs a CUDA device")
-        # greedy steps replay captured CUDA graphs (engine/graphs.py); on by default on CUDA
-        self.graphs = StepGraphs(model) if (on_cuda if cuda_graphs is None else cuda_graphs) else None
-        model.fused = self.graphs is not None  # and pointwise ops fused (engine/fused.py)
-        if self.graphs is not None:
-            model.fuse_projections()
+        # greedy steps replay captured CUDA graphs (engine/graphs.py)
+        self.graphs = StepGraphs(model) if cuda_graphs else None
         self.name, self.heads_source = name, heads_source
         self.args = model.args
         context = self.args.max_position_embeddings
         if self.args.sliding_window:
             context = min(context, self.args.sliding_window)  # beyond the window our attention would differ
+        if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1):
+            raise ModelLoadError(f"max_seq_len must be a positive integer, got {max_seq_len!r}")
         self.max_seq_len = min(max_seq_len or context, context)
         self.topk = min(10, self.args.vocab_size)  # candidates per head (a tiny vocabulary has fewer)
         eos = set(self.args.eos_token_ids)
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
         self.eos_ids = eos
+        self._token_text: dict[int, str] = {}
 
     @property
     def device(self) -> torch.device:
@@ -111,44 +112,61 @@ class Engine:
     def num_heads(self) -> int:
         return self.heads.num_heads if self.heads is not None else 0
 
-    # -- input ---------------------------------------------------------------------------------
+    # -- text ----------------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise GenerationError("this model has no tokenizer: pass token ids")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError:
+                raise GenerationError("the prompt is not valid Unicode text (it holds a lone surrogate)") from None
             if chat and getattr(self.tokenizer, "chat_template", None):
                 ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
                                                          add_generation_prompt=True, tokenize=True)
                 ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            elif chat:
+                raise GenerationError("--chat: this tokenizer has no chat template")
             else:
                 ids = self.tokenizer.encode(prompt)
         else:
             ids = list(prompt)
         if not ids:
             raise GenerationError("the prompt is empty (no tokens)")
-        bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < self.args.vocab_size)]
+        bad = [t for t in ids if not (isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.args.vocab_size)]
         if bad:
             raise GenerationError(f"token id {bad[0]!r} is outside the vocabulary [0, {self.args.vocab_size})")
         return [int(t) for t in ids]
 
-    def decode_token(self, token: int) -> str:
-        return self.tokenizer.decode([token]) if self.tokenizer is not None else f"<{token}>"
+    def token_text(self, token: int) -> str:
+        """One token's text (cached: traces name hundreds of tokens per step)."""
+        text = self._token_text.get(token)
+        if text is None:
+            text = self.tokenizer.decode([token]) if self.tokenizer is not None else f"<{token}>"
+            self._token_text[token] = text
+        return text
 
     def text_of(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:
             return " ".join(map(str, ids))
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
+    # -- settings ------------------------------------------------------------------------------
     def resolve_tree(self, tree) -> list[list[int]]:
         if self.heads is None:
             raise GenerationError("mode 'medusa' needs Medusa heads; this engine was loaded without any")
         try:
-            choices = trees.resolve(tree, topk=self.topk, num_heads=self.num_heads)
+            return trees.resolve(tree, topk=self.topk, num_heads=self.num_heads)
         except trees.TreeError as e:
             raise GenerationError(f"bad tree: {e}") from None
-        if len(choices) + 1 > MAX_TREE_NODES:
-            raise GenerationError(f"bad tree: {len(choices)} nodes; the engine verifies at most {MAX_TREE_NODES - 1} per step")
-        return choices
+
+    def config(self, max_new_tokens: int | None = None, config: GenerationConfig | None = None,
+               **fields) -> GenerationConfig:
+        """The validated config of a call: `config` (or the defaults), then the keyword overrides."""
+        cfg = config or GenerationConfig()
+        if max_new_tokens is not None:
+            fields["max_new_tokens"] = max_new_tokens
+        return (cfg.replace(**fields) if fields else cfg).validate()
 
     def check_cache_fits(self, batch: int, capacity: int) -> None:
         """Refuse a KV cache that cannot fit before allocating it: a CPU allocation that overcommits
@@ -166,184 +184,99 @@ class Engine:
                                   f"{free / 2**30:.2f} GiB is free")
 
     # -- decoding ------------------------------------------------------------------------------
-    def stream(
-        self,
-        prompt_or_ids: str | Sequence[int],
-        max_new_tokens: int = 128,
-        mode: str = "medusa",
-        tree=None,
-        accept: str = "greedy",
-        trace: bool = False,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        chat: bool = False,
-        stop_on_eos: bool = True,
-        trace_file: str | os.PathLike | None = None,
-    ) -> Iterator[StepEvent]:
-        """Yield one StepEvent per decoding step (the UI draws each as it arrives)."""
-        for events in self._steps([prompt_or_ids], max_new_tokens, mode, tree, accept, trace, temperature, top_k,
-                                  top_p, seed, chat, stop_on_eos, trace_file):
-            yield events[0][1]
-
-    def _steps(self, prompts, max_new, mode, tree, accept, trace, temperature=0.0, top_k=0, top_p=1.0, seed=None,
-               chat=False, stop_on_eos=True, trace_file=None) -> Iterator[list[tuple[int, StepEvent]]]:
-        """Validate everything, then decode all prompts as one batch: each step yields the event of
-        every request still running, as (request index, event); finished requests leave the batch."""
-        if mode not in MODES:
-            raise GenerationError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
-        if accept not in ("greedy", "typical", "sample"):
-            raise GenerationError(f"unknown acceptance {accept!r}; choose greedy, typical or sample")
-        if not isinstance(max_new, int) or isinstance(max_new, bool) or max_new < 1:
-            raise GenerationError(f"max_new_tokens must be a positive integer, got {max_new!r}")
-        try:
-            params = SamplingParams(0.0 if accept == "greedy" else float(temperature), int(top_k), float(top_p))
-        except ValueError as e:
-            raise GenerationError(str(e)) from None
-        choices = self.resolve_tree(tree) if mode == "medusa" else None
-        tree_nodes = len(choices) + 1 if choices else 1
-        self.check_cache_fits(len(prompts), self.max_seq_len + tree_nodes)
-        batch = [self.encode(p, chat=chat) for p in prompts]
-        for r, ids in enumerate(batch):
-            if len(ids) + max_new > self.max_seq_len:
-                which = f"prompt {r}" if len(batch) > 1 else "prompt"
-                raise GenerationError(
-                    f"{which} of {len(ids)} tokens + max_new_tokens {max_new} = {len(ids) + max_new} "
-                    f"exceeds the context of {self.max_seq_len} tokens"
-                )
+    def session(self, prompts: list, cfg: GenerationConfig) -> Session:
+        """Check everything (settings, tree, prompt lengths, memory), size the cache, and set up a run."""
+        cfg.validate()
+        choices = self.resolve_tree(cfg.tree) if cfg.mode == "medusa" else None
         buf = trees.buffers(choices, topk=self.topk).to(self.device) if choices else None
-        try:
-            self.model.setup_cache(len(batch), self.max_seq_len + tree_nodes)
-        except torch.OutOfMemoryError:
-            self.model.cache = None
-            raise GenerationError(f"out of memory allocating a KV cache of {len(batch)} x {self.max_seq_len} tokens") from None
+        nodes = buf.num_nodes if buf is not None else 1
+        batch = [self.encode(p, chat=cfg.chat) for p in prompts]
+        for r, ids in enumerate(batch):
+            if len(ids) + cfg.max_new_tokens > self.max_seq_len:
+                which = f"prompt {r}" if len(batch) > 1 else "prompt"
+                raise GenerationError(f"{which} of {len(ids)} tokens + max_new_tokens {cfg.max_new_tokens} = "
+                                      f"{len(ids) + cfg.max_new_tokens} exceeds the context of {self.max_seq_len} tokens")
+        need = max(map(len, batch)) + cfg.max_new_tokens + nodes
+        capacity = min(-(-need // CACHE_GRANULE) * CACHE_GRANULE, self.max_seq_len + nodes)
+        cache = self.model.cache
+        if cache is None or cache.capacity < capacity or cache.batch < len(batch):
+            self.check_cache_fits(len(batch), capacity)
+            try:
+                self.model.setup_cache(len(batch), capacity)
+            except torch.OutOfMemoryError:
+                self.model.cache = None
+                raise GenerationError(f"out of memory allocating a KV cache of {len(batch)} x {capacity} tokens") from None
+        params = cfg.sampling()
         gen = None
-        if seed is not None or not params.greedy:
+        if cfg.seed is not None or not params.greedy:
             gen = torch.Generator(device=self.device)
-            gen.manual_seed(self.model.tp.shared_seed(seed if seed is not None else int(time.time_ns() % 2**31)))
-        writer = TraceWriter(trace_file) if trace_file else None
-        want_trace = trace or writer is not None
-        if writer:
-            writer.write(header(self.name, self.heads_source, choices, mode, accept,
-                                {"temperature": params.temperature, "prompt_tokens": [len(i) for i in batch]
-                                 if len(batch) > 1 else len(batch[0])}))
-        try:
-            yield from self._loop(batch, max_new, mode, buf, choices, accept, params, gen, want_trace, writer,
-                                  stop_on_eos)
-        finally:
+            gen.manual_seed(self.model.tp.shared_seed(cfg.seed if cfg.seed is not None else int(time.time_ns() % 2**31)))
+        # AR runs only run the heads when traced (their top-k feeds the head statistics)
+        heads = self.heads if cfg.mode == "medusa" or cfg.traced else None
+        trace_topk = self.topk if cfg.traced else 0
+        if self.graphs is not None and StepGraphs.usable(self.model, cfg.accept, params, cfg.mode):
+            runner = GraphRunner(self.graphs, heads, buf, choices, trace_topk)
+        else:
+            runner = EagerRunner(self.model, heads, buf, cfg.accept, params, gen, trace_topk)
+        tracer = None
+        if cfg.traced:
+            writer = TraceWriter(cfg.trace_file) if cfg.trace_file else None
             if writer:
-                writer.close()
+                extra = {"temperature": params.temperature,
+                         "prompt_tokens": [len(i) for i in batch] if len(batch) > 1 else len(batch[0])}
+                writer.write(header(self.name, self.heads_source, choices, cfg.mode, cfg.accept, extra))
+            parent = buf.parent.tolist() if buf is not None else [-1]
+            tracer = Tracer(choices or [], parent, self.token_text, writer)
+        requests = [Request(i, ids, self.tokenizer, cfg.max_new_tokens, self.eos_ids, cfg.stop_on_eos)
+                    for i, ids in enumerate(batch)]
+        return Session(self.model, heads, requests, cfg, buf, choices, runner, tracer, gen)
 
-    def _loop(self, batch, max_new, mode, buf, choices, accept, params, gen, want_trace, writer, stop_on_eos):
-        """Decode until every request has finished. `rows` is the request of each batch row on the
-        device; finished requests leave it once no step is in flight. With CUDA graphs and no
-        traces, step N+1 is queued before step N's tokens are read (StepGraphs.launch), unless a
-        request may finish at step N: the host's work then overlaps the GPU's."""
-        sync = self.device.type == "cuda"
-        with_heads = self.heads if (mode == "medusa" or want_trace) else None
-        state: DecodeState = prefill(self.model, with_heads, batch, params, gen)
-        rows = list(range(len(batch)))
-        running = set(rows)
-        produced: list[list[int]] = [[] for _ in batch]
-        parent = buf.parent.tolist() if mode == "medusa" else [-1]
-        graphs = self.graphs if self.graphs and StepGraphs.usable(self.model, accept, params, mode) else None
-        graph_heads = self.heads if mode == "medusa" else with_heads
-        per_step = buf.retrieve_indices.shape[1] if mode == "medusa" else 1  # most tokens one step can commit
-        queued = None  # a launched step not yet read, and the rows it ran for
-        step = 0
+    def stream(self, prompt_or_ids: str | Sequence[int], max_new_tokens: int | None = None,
+               config: GenerationConfig | None = None, **fields) -> Iterator[StepEvent]:
+        """One StepEvent per decoding step (the UI draws each as it arrives). Settings are a
+        GenerationConfig and/or its fields as keywords; they are checked here, before the first step."""
+        return self._stream(self.session([prompt_or_ids], self.config(max_new_tokens, config, **fields)))
+
+    @staticmethod
+    def _stream(session: Session) -> Iterator[StepEvent]:
         try:
-            while running:
-                t0 = time.perf_counter()
-                prefix_lens = list(state.host_lengths)
-                if graphs is not None:
-                    if queued is None:
-                        queued = graphs.launch(graph_heads, buf, choices, state), list(rows)
-                    current, step_rows = queued
-                    queued = None
-                    may_finish = any(max_new - len(produced[r]) <= per_step for r in running)
-                    if not want_trace and set(rows) == running and not may_finish:
-                        queued = graphs.launch(graph_heads, buf, choices, state), list(rows)
-                    results = graphs.collect(current, state)
-                else:
-                    step_rows = list(rows)
-                    if mode == "medusa":
-                        results = tree_step(self.model, self.heads, buf, state, accept, params, gen)
-                    else:
-                        results = ar_step(self.model, with_heads, state, params, gen)
-                    if sync:
-                        torch.cuda.synchronize()
-                ms = (time.perf_counter() - t0) * 1000
-                events = []
-                for row, (req, res) in enumerate(zip(step_rows, results)):
-                    if req not in running:  # finished before this (queued) step: its tokens are not output
-                        continue
-                    out = produced[req]
-                    tokens = res.tokens[: max_new - len(out)]
-                    finish = None
-                    if stop_on_eos:
-                        for i, t in enumerate(tokens):
-                            if t in self.eos_ids:
-                                tokens, finish = tokens[: i + 1], "eos"
-                                break
-                    res.tokens = tokens  # what is committed to the output (cut at EOS / max_new_tokens)
-                    before = self.text_of(out)
-                    out.extend(tokens)
-                    if finish is None and len(out) >= max_new:
-                        finish = "length"
-                    record = None
-                    if want_trace:
-                        record = step_trace(step, prefix_lens[row], choices or [], res, parent, self.topk, ms,
-                                            self.decode_token)
-                        if len(batch) > 1:
-                            record["request"] = req
-                        if writer:
-                            writer.write(record)
-                    text = self.text_of(out)
-                    events.append((req, StepEvent(step, tokens, text[len(before):] if text.startswith(before) else text,
-                                                  res.accepted_nodes, ms, record, finish is not None, finish)))
-                    if finish is not None:
-                        running.discard(req)
-                yield events
-                step += 1
-                if queued is None and running and len(running) < len(rows):  # finished requests leave the batch
-                    keep = [i for i, req in enumerate(rows) if req in running]
-                    rows = [rows[i] for i in keep]
-                    state.keep(keep)
-                    self.model.cache.keep_rows(torch.tensor(keep, device=self.device))
+            for events in session.run():
+                yield events[0]
         finally:
-            if queued is not None:  # a step queued past the end (EOS) or before the caller stopped
-                queued[0].done.synchronize()
+            session.close()
 
-    def generate(self, prompt_or_ids, max_new_tokens: int = 128, mode: str = "medusa", tree=None,
-                 accept: str = "greedy", trace: bool = False, **kw) -> Result | list[Result]:
+    def generate(self, prompt_or_ids, max_new_tokens: int | None = None, config: GenerationConfig | None = None,
+                 **fields) -> Result | list[Result]:
         """One prompt (text or token ids) -> Result; a list of prompts (texts or id lists) -> one
         Result per prompt, decoded together as a batch."""
+        cfg = self.config(max_new_tokens, config, **fields)
         batched = isinstance(prompt_or_ids, (list, tuple)) and bool(prompt_or_ids) and \
             all(isinstance(p, (str, list, tuple)) for p in prompt_or_ids)
         prompts = list(prompt_or_ids) if batched else [prompt_or_ids]
         t0 = time.perf_counter()
+        session = self.session(prompts, cfg)
         per_request: list[list[StepEvent]] = [[] for _ in prompts]
-        for events in self._steps(prompts, max_new_tokens, mode, tree, accept, trace, **kw):
-            for req, ev in events:
-                per_request[req].append(ev)
+        try:
+            for events in session.run():
+                for ev in events:
+                    per_request[ev.request].append(ev)
+        finally:
+            session.close()
         wall = time.perf_counter() - t0
-        choices = self.resolve_tree(tree) if mode == "medusa" else None
         results = []
-        for p, evs in zip(prompts, per_request):
-            token_ids = [t for e in evs for t in e.tokens]
+        for req, evs in zip(session.requests, per_request):
             results.append(Result(
-                text=self.text_of(token_ids),
-                token_ids=token_ids,
-                new_tokens=len(token_ids),
+                text="".join(e.text for e in evs),
+                token_ids=req.tokens,
+                new_tokens=len(req.tokens),
                 steps=len(evs),
-                mean_accepted=len(token_ids) / max(len(evs), 1),
+                mean_accepted=len(req.tokens) / max(len(evs), 1),
                 wall_s=wall,
-                tokens_per_s=len(token_ids) / wall if wall > 0 else 0.0,
-                mode=mode,
-                tree=choices,
-                prompt_tokens=len(self.encode(p, chat=kw.get("chat", False))),
-                finish_reason=evs[-1].finish_reason if evs else "length",
+                tokens_per_s=len(req.tokens) / wall if wall > 0 else 0.0,
+                mode=cfg.mode,
+                tree=session.choices,
+                prompt_tokens=len(req.prompt),
+                finish_reason=req.finish or "length",
                 traces=[e.trace for e in evs if e.trace is not None],
             ))
         return results if batched else results[0]
@@ -360,25 +293,13 @@ def available_memory() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def load_tokenizer(model_dir: Path):
-    files = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
-    if not any((model_dir / f).exists() for f in files):
-        return None
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    except Exception as e:
-        raise ModelLoadError(f"{model_dir}: cannot load the tokenizer ({type(e).__name__}: {e})") from None
-
-
 def load(
     model: str | os.PathLike,
     heads: str | os.PathLike | dict | bool | None = None,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
     max_seq_len: int | None = None,
-    backend: str = "sdpa",
+    backend: str | None = None,
     tp: TP = SINGLE,
     cuda_graphs: bool | None = None,
 ) -> Engine:
@@ -386,15 +307,20 @@ def load(
 
     heads=None finds them beside the model (medusa_heads.safetensors, medusa_lm_head.*, or
     `medusa_head.*` keys in a Medusa-2 checkpoint); heads=False loads none; a path loads that file.
-    tp: this process's place in a tensor-parallel group (`engine.tp.init_from_env`); every rank
-    then runs the same generate calls and gets the same tokens.
-    cuda_graphs: replay greedy steps from captured CUDA graphs (None = on when the device is CUDA).
+    backend: attention backend (None: triton on CUDA, sdpa elsewhere). tp: this process's place in
+    a tensor-parallel group (`engine.tp.init_from_env`); every rank then runs the same generate calls
+    and gets the same tokens. cuda_graphs: replay greedy steps from captured CUDA graphs, with the
+    fused Triton kernels (None = on when the device is CUDA).
     """
-    dev = torch.device(device) if device is not None else default_device()
-    dt = _dtype(dtype, dev)
+    dev = parse_device(device)
+    dt = parse_dtype(dtype, dev)
+    backend = backend or default_backend(dev)
+    check_backend(backend, dev)
+    graphs = dev.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
+    if graphs and dev.type != "cuda":
+        raise ModelLoadError("cuda_graphs needs a CUDA device")
     model_dir = resolve_model_dir(model)
-    base, medusa_sd = load_base(model_dir, dev, dt, tp)
-    base.backend = backend
+    base, medusa_sd, _ = load_base(model_dir, dev, dt, tp, backend=backend, fused=graphs)
     medusa, source = None, None
     if heads is not False:
         if heads is not None and heads is not True:
@@ -408,4 +334,4 @@ def load(
             source = str(found)
         elif heads is True:
             raise ModelLoadError(f"{model_dir}: no Medusa heads found")
-    return Engine(base, medusa, load_tokenizer(model_dir), str(model), source, max_seq_len, cuda_graphs)
+    return Engine(base, medusa, load_tokenizer(model_dir), str(model), source, max_seq_len, graphs)

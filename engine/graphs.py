@@ -1,16 +1,16 @@
 """CUDA graphs of whole greedy decode steps: one replay per step instead of hundreds of launches.
 
 A step of the 7B shape is a few hundred small kernels; launched eagerly from Python the host is
-the bottleneck (benchmarks/README.md: 7.5x the weight-read floor). A captured step is the same
-kernels replayed with one call. What is captured, per (tree, batch size, heads on/off):
-`decode.tree_forward` / `decode.ar_forward` under greedy acceptance (draft from the heads' top-k,
-the forward over every node, verification, KV compaction, the next heads, the length update),
-reading and writing static state tensors this module owns. The attention span is the whole cache
-(lengths come from device tensors; the Triton kernel sizes its work from them), so one graph
-serves every prefix length. The host reads only the packed accepted tokens after each replay,
-through one of two pinned buffers: `launch` queues a step and its copy without waiting, `collect`
-waits for that step alone, so the engine can queue step N+1 before it reads step N's tokens and
-the host's work on a step (streaming, stop checks) overlaps the GPU's on the next.
+the bottleneck (benchmarks/README.md). A captured step is the same kernels replayed with one call.
+What is captured, per (tree, batch size, heads on/off, traced, span): `decode.tree_forward` /
+`decode.ar_forward` under greedy acceptance (draft from the heads' top-k, the forward over every
+node, verification, KV compaction, the next heads, the length update, and the step trace when
+traced), reading and writing static state tensors this module owns. Lengths come from device
+tensors, so one graph serves every prefix length: the triton kernel sizes its work from them, and
+for the sdpa backend (which reads every slot it is given) graphs are captured per span bucket of
+SDPA_BUCKET slots. The host reads only the packed step after each replay, through one of two
+pinned buffers: `launch` queues a step and its copy without waiting, `collect` waits for that step
+alone, so the session can queue step N+1 before it reads step N (docs/algorithm.md).
 
 A graph holds raw addresses: of the weights, of the KV cache, of its TreeBuffers (kept here) and of
 its static state. So graphs are dropped whenever the model's cache tensors change (a new, larger
@@ -33,6 +33,7 @@ from .sampling import SamplingParams
 
 GREEDY = SamplingParams()
 WARMUP_STEPS = 2  # eager runs on a side stream before capture (Triton compiles, cuBLAS picks kernels)
+SDPA_BUCKET = 512
 
 
 @dataclass
@@ -66,19 +67,30 @@ class StepGraphs:
 
     @staticmethod
     def usable(model: Transformer, accept: str, params: SamplingParams, mode: str) -> bool:
-        """Graphs (made only on CUDA) need one rank and greedy acceptance (sampling draws on the
-        host's generator)."""
+        """Graphs need one rank and greedy acceptance (sampling draws on the host's generator)."""
         return model.tp.world == 1 and params.greedy and (mode == "ar" or accept == "greedy")
 
-    def step(self, heads: MedusaHeads | None, buf: TreeBuffers | None, choices, state: DecodeState) -> list[StepResult]:
-        """One greedy step (a tree step when buf is given, else AR) by graph replay; `state` is
-        updated as the eager step would."""
-        return self.collect(self.launch(heads, buf, choices, state), state)
+    def span(self, state: DecodeState, nodes: int, ahead: int) -> int:
+        """Cache slots a captured step reads: the whole cache for triton (the kernel reads live
+        lengths), else the live prefix (plus a step still in flight and this step's block) rounded
+        up to a bucket."""
+        cap = self.model.cache.capacity
+        if self.model.backend == "triton":
+            return cap
+        need = max(state.host_lengths) + ahead + nodes
+        return min(cap, -(-need // SDPA_BUCKET) * SDPA_BUCKET)
+
+    def step(self, heads: MedusaHeads | None, buf: TreeBuffers | None, choices, state: DecodeState,
+             trace_topk: int = 0) -> list[StepResult]:
+        """One greedy step (a tree step when buf is given, else AR) by graph replay."""
+        return self.collect(self.launch(heads, buf, choices, state, trace_topk), state)
 
     @torch.inference_mode()
-    def launch(self, heads: MedusaHeads | None, buf: TreeBuffers | None, choices, state: DecodeState) -> Pending:
-        """Queue one step and the copy of its tokens; returns at once. `state`'s device tensors
-        become the graph's, so a second launch continues from this one without the host."""
+    def launch(self, heads: MedusaHeads | None, buf: TreeBuffers | None, choices, state: DecodeState,
+               trace_topk: int = 0, ahead: int = 0) -> Pending:
+        """Queue one step and the copy of its packed result; returns at once. `state`'s device
+        tensors become the graph's, so a second launch continues from this one without the host
+        (`ahead`: tokens the step still in flight may add, for the sdpa span)."""
         cache = self.model.cache
         cache_key = (cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape))
         if cache_key != self._cache_key:  # their addresses are gone: drop the graphs and their memory
@@ -86,10 +98,11 @@ class StepGraphs:
             self.pool = None
             self._cache_key = cache_key
         tree_key = tuple(map(tuple, choices)) if buf is not None else None
-        key = (tree_key, state.root.shape[0], heads is not None)
+        span = self.span(state, buf.num_nodes if buf is not None else 1, ahead)
+        key = (tree_key, state.root.shape[0], heads is not None, trace_topk, span)
         g = self.graphs.get(key)
         if g is None:
-            g = self.graphs[key] = self._capture(heads, buf, tree_key, state)
+            g = self.graphs[key] = self._capture(heads, buf, tree_key, state, trace_topk, span)
         s = g.state
         if state.lengths is not s.lengths:  # the caller's state came from prefill or another graph
             s.copy_(state)
@@ -104,25 +117,22 @@ class StepGraphs:
 
     @staticmethod
     def collect(pending: Pending, state: DecodeState) -> list[StepResult]:
-        """Wait for one launched step and read its tokens. The StepResults' tensors are the graph's
-        static outputs: valid until the next launch of the same graph (traces must not launch ahead)."""
+        """Wait for one launched step and read it (trace included: it travelled in the same copy)."""
         pending.done.synchronize()
         return finish_step(state, pending.out, pending.host.tolist())
 
-    def _capture(self, heads, buf, tree_key, state: DecodeState) -> _Captured:
+    def _capture(self, heads, buf, tree_key, state: DecodeState, trace_topk: int, span: int) -> _Captured:
         if buf is not None:
             buf = self.trees.setdefault(tree_key, buf)
         static = state.clone()
-        span = self.model.cache.capacity
 
         def body() -> StepTensors:
             work = DecodeState(static.lengths, static.host_lengths, static.root, static.head_logits)
             if buf is not None:
-                out = tree_forward(self.model, heads, buf, work, "greedy", GREEDY, None, span=span)
+                out = tree_forward(self.model, heads, buf, work, "greedy", GREEDY, None, span=span,
+                                   trace=bool(trace_topk))
             else:
-                out = ar_forward(self.model, heads, work, GREEDY, None, span=span)
-            if out.head_logits is not None:  # static.head_logits is overwritten below; traces need this step's
-                out.head_logits = out.head_logits.clone()
+                out = ar_forward(self.model, heads, work, GREEDY, None, span=span, trace_topk=trace_topk)
             static.copy_(work)
             return out
 

@@ -16,7 +16,7 @@ Formats (detected from the keys):
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +26,9 @@ from torch import nn
 from .config import ModelLoadError
 from .tp import SINGLE, TP
 
-_KEY = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
+_KEY = re.compile(r"^(\d{1,6})\.(\d{1,6})\.(linear\.weight|linear\.bias|weight)$")
+MAX_HEADS = 64  # public checkpoints have 3-5; a tree is never deeper than trees.MAX_DEPTH
+MAX_RESBLOCKS = 16
 
 
 @dataclass(frozen=True)
@@ -97,9 +99,16 @@ def detect_layout(keys: list[str], where: str) -> HeadLayout:
     if not found:
         raise ModelLoadError(f"{where}: no Medusa head weights found")
     num_heads = max(h for h, _ in found) + 1
+    deepest = max(layer for _, layer in found)
+    if num_heads > MAX_HEADS or deepest > MAX_RESBLOCKS:  # before any per-head work
+        raise ModelLoadError(f"{where}: keys name {num_heads} heads and layer index {deepest}; at most {MAX_HEADS} "
+                             f"heads of {MAX_RESBLOCKS} ResBlocks are supported")
+    by_head: dict[int, list[int]] = {}
+    for h, layer in found:
+        by_head.setdefault(h, []).append(layer)
     per_head_layers = {}
     for h in range(num_heads):
-        layers = sorted(layer for hh, layer in found if hh == h)
+        layers = sorted(by_head.get(h, []))
         if not layers:
             raise ModelLoadError(f"{where}: head {h} is missing (heads 0..{num_heads - 1} expected)")
         resblocks = [layer for layer in layers if "linear.weight" in found[(h, layer)]]
@@ -120,25 +129,41 @@ def detect_layout(keys: list[str], where: str) -> HeadLayout:
     return HeadLayout("faster-decoding" if has_proj else "shared-lm-head", num_heads, num_layers, not has_proj)
 
 
-def heads_from_state_dict(sd: Mapping[str, torch.Tensor], dim: int, vocab_size: int, where: str,
-                          tp: TP = SINGLE) -> MedusaHeads:
-    """Build heads from a heads-only state dict, checking every shape against the base model
-    (with `tp`, keep this rank's share)."""
-    layout = detect_layout(list(sd), where)
+def validate_heads(shapes: Mapping[str, tuple[int, ...]], dim: int, vocab_size: int, where: str) -> HeadLayout:
+    """The layout of a heads checkpoint given as key -> shape, every shape checked against the base
+    model (hidden size `dim`, `vocab_size`); the one check `load` and `inspect` share."""
+    layout = detect_layout(list(shapes), where)
+    for h in range(layout.num_heads):
+        expected = {f"{h}.{layer}.linear.{part}": (dim, dim) if part == "weight" else (dim,)
+                    for layer in range(layout.num_layers) for part in ("weight", "bias")}
+        if not layout.shared_lm_head:
+            expected[f"{h}.{layout.num_layers}.weight"] = (vocab_size, dim)
+        for key, shape in expected.items():
+            if tuple(shapes[key]) != shape:
+                raise ModelLoadError(f"{where}: key {key!r} has shape {tuple(shapes[key])}, the base model needs {shape}")
+    return layout
+
+
+def heads_from_tensors(shapes: Mapping[str, tuple[int, ...]], get: Callable[[str], torch.Tensor], dim: int,
+                       vocab_size: int, where: str, tp: TP = SINGLE) -> MedusaHeads:
+    """Build heads from a heads-only checkpoint given as key -> shape (read from a file's header) and a
+    reader of one tensor. Counts, layout and every shape are checked against the base model before
+    anything is allocated or read (a 3.4 MB file naming 20,000 heads once made the loader allocate
+    11.8 GB first); with `tp`, this rank's share is kept."""
+    layout = validate_heads(shapes, dim, vocab_size, where)
     heads = MedusaHeads(layout.num_heads, layout.num_layers, dim, None if layout.shared_lm_head else vocab_size, tp)
     part = tp.part(dim)
-
-    def take(key: str, shape: tuple[int, ...]) -> torch.Tensor:
-        t = sd[key]
-        if tuple(t.shape) != shape:
-            raise ModelLoadError(f"{where}: key {key!r} has shape {tuple(t.shape)}, the base model needs {shape}")
-        return t
-
     with torch.no_grad():
         for h in range(layout.num_heads):
             for layer in range(layout.num_layers):
-                heads.weight[h, layer] = take(f"{h}.{layer}.linear.weight", (dim, dim))[part]
-                heads.bias[h, layer] = take(f"{h}.{layer}.linear.bias", (dim,))[part]
+                heads.weight[h, layer] = get(f"{h}.{layer}.linear.weight")[part]
+                heads.bias[h, layer] = get(f"{h}.{layer}.linear.bias")[part]
             if heads.proj is not None:
-                heads.proj[h] = take(f"{h}.{layout.num_layers}.weight", (vocab_size, dim))[:, part]
+                heads.proj[h] = get(f"{h}.{layout.num_layers}.weight")[:, part]
     return heads
+
+
+def heads_from_state_dict(sd: Mapping[str, torch.Tensor], dim: int, vocab_size: int, where: str,
+                          tp: TP = SINGLE) -> MedusaHeads:
+    """`heads_from_tensors` for a state dict already in memory."""
+    return heads_from_tensors({k: tuple(v.shape) for k, v in sd.items()}, sd.__getitem__, dim, vocab_size, where, tp)

@@ -1,17 +1,23 @@
-"""Load Llama-family checkpoints and Medusa heads from local files, strictly and offline."""
+"""Build and load Llama-family models, Medusa heads and tokenizers, strictly and offline.
+
+`build_model` is the one factory: `load_base` (checkpoints), the benchmarks (random weights at
+7B shapes), training and conversion all make their Transformer through it, and every weight goes
+in through `fill_model`, which names any missing, unexpected or misshapen key (never strict=False).
+"""
 
 from __future__ import annotations
 
-import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
+
+import trees
 
 from .config import ModelArgs, ModelLoadError, rope_inv_freq
-from .heads import MedusaHeads, heads_from_state_dict
+from .heads import MedusaHeads, heads_from_state_dict, heads_from_tensors
 from .model import Transformer
 from .tp import SINGLE, TP, check_divisible, is_row_parallel_bias, shard_dim
 
@@ -48,12 +54,102 @@ def resolve_model_dir(model: str | os.PathLike) -> Path:
     raise ModelLoadError(f"{path}: no such model directory")
 
 
+def read_config(model_dir: Path) -> ModelArgs:
+    path = model_dir / "config.json"
+    try:
+        cfg = trees.read_json_file(path)
+    except trees.JsonInputError as e:
+        raise ModelLoadError(f"cannot read the model config: {e}") from None
+    return ModelArgs.from_hf_config(cfg, where=str(path))
+
+
+def default_backend(device: torch.device) -> str:
+    """Our Triton kernel on CUDA (SDPA inside a CUDA graph would attend over the whole cache), SDPA
+    elsewhere and where Triton is missing."""
+    from .kernels import tree_attention
+
+    return "triton" if device.type == "cuda" and tree_attention.triton is not None else "sdpa"
+
+
+def check_backend(backend: str, device: torch.device) -> None:
+    from .attention import BACKENDS
+    from .kernels import tree_attention
+
+    if backend not in BACKENDS:
+        raise ModelLoadError(f"unknown attention backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    if backend == "triton" and (device.type != "cuda" or tree_attention.triton is None):
+        raise ModelLoadError("the triton backend needs a CUDA device and Triton installed; use --backend sdpa")
+
+
+def build_model(args: ModelArgs, tp: TP = SINGLE, device: str | torch.device = "meta", backend: str = "sdpa",
+                fused: bool = False) -> Transformer:
+    """An unfilled Transformer (on the meta device by default: no memory until `fill_model`).
+    fused=True (CUDA graphs) stacks q/k/v and gate/up once filled and runs the Triton pointwise
+    kernels; it needs a head dim whose half is a power of two (64, 128), else the references run."""
+    half = args.head_dim // 2
+    with torch.device(device):
+        model = Transformer(args, tp, backend=backend, fused=fused and half & (half - 1) == 0)
+    return model
+
+
+def fill_model(model: Transformer, tensors: Iterable[tuple[str, torch.Tensor]], device, dtype, where: str,
+               share: bool = False) -> tuple[Transformer, dict[str, torch.Tensor], int]:
+    """Put named HF-layout tensors into a model from `build_model`: every expected key exactly once,
+    with its shape; `medusa_head.*` keys are returned apart. share=True uses the tensors themselves
+    (same device and dtype: the benchmarks' random weights, no second copy).
+    -> (model, medusa head tensors, bytes read)."""
+    args, tp = model.args, model.tp
+    expected = dict(model.state_dict())
+    if args.tie_word_embeddings:
+        expected.pop("lm_head.weight", None)
+    loaded: dict[str, torch.Tensor] = {}
+    medusa: dict[str, torch.Tensor] = {}
+    nbytes = 0
+    for key, t in tensors:
+        nbytes += t.numel() * t.element_size()
+        if key.startswith("medusa_head."):
+            medusa[key[len("medusa_head."):]] = t
+            continue
+        name = strip_prefix(key)
+        if name.endswith(_IGNORED_KEYS):
+            continue
+        if name == "lm_head.weight" and args.tie_word_embeddings:
+            continue  # some tied checkpoints store the copy anyway
+        if name not in expected:
+            raise ModelLoadError(f"{where}: unexpected key {key!r} for a {args.model_type} model")
+        if tuple(t.shape) != tuple(expected[name].shape):
+            raise ModelLoadError(f"{where}: key {key!r} has shape {tuple(t.shape)}, config implies {tuple(expected[name].shape)}")
+        loaded[name] = torch.zeros_like(t) if tp.rank > 0 and is_row_parallel_bias(name) else t
+    missing = [k for k in expected if k not in loaded]
+    if missing:
+        first = missing[0] if missing[0] == "lm_head.weight" else "model." + missing[0]
+        raise ModelLoadError(f"{where}: missing weight key {first!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    if share:
+        if args.tie_word_embeddings:
+            loaded["lm_head.weight"] = loaded["embed_tokens.weight"]
+        model.load_state_dict(loaded, strict=True, assign=True)
+    else:
+        model = model.to_empty(device=device).to(dtype)
+        with torch.no_grad():
+            for name, p in model.state_dict(keep_vars=True).items():
+                if name in loaded:
+                    p.copy_(loaded[name])
+    model.inv_freq = rope_inv_freq(args).to(device)  # float32 always: RoPE angles need it
+    if args.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    if model.fused:
+        model.stack_projections()
+    return model.eval().requires_grad_(False), medusa, nbytes
+
+
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """One weights file: safetensors, or a `.pt`/`.bin` read with weights_only=True (no pickled code)."""
+    """One weights file: safetensors, or a `.pt`/`.bin` read with weights_only=True (no pickled code)
+    and memory-mapped (nothing is read until a tensor is used)."""
     try:
         if path.suffix == ".safetensors":
-            return load_file(str(path))
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+            with safe_open(str(path), framework="pt") as f:
+                return {k: f.get_tensor(k) for k in f.keys()}
+        obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # corrupt file, or a pickle that needs code to load
         raise ModelLoadError(f"{path}: cannot read weights ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
@@ -64,7 +160,10 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 def base_weight_files(model_dir: Path) -> list[Path]:
     index = model_dir / "model.safetensors.index.json"
     if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            shards = sorted(set(trees.read_json_file(index)["weight_map"].values()))
+        except (trees.JsonInputError, KeyError, TypeError, AttributeError) as e:
+            raise ModelLoadError(f"{index}: not a safetensors index ({e})") from None
         return [model_dir / s for s in shards]
     if (model_dir / "model.safetensors").exists():
         return [model_dir / "model.safetensors"]
@@ -78,11 +177,12 @@ def base_weight_files(model_dir: Path) -> list[Path]:
     raise ModelLoadError(f"{model_dir}: no model weights (*.safetensors or pytorch_model*.bin)")
 
 
-def _strip(key: str) -> str:
+def strip_prefix(key: str) -> str:
+    """HF checkpoint key -> our parameter name (`model.` and PEFT prefixes dropped)."""
     for prefix in ("base_model.model.", "base_model."):
         if key.startswith(prefix):
-            key = key[len(prefix) :]
-    return key[len("model.") :] if key.startswith("model.") else key
+            key = key[len(prefix):]
+    return key[len("model."):] if key.startswith("model.") else key
 
 
 def _tensors(path: Path, tp: TP):
@@ -92,67 +192,30 @@ def _tensors(path: Path, tp: TP):
         yield from read_state_dict(path).items()
         return
     try:
-        f = safe_open(str(path), framework="pt")
-        for key in f.keys():
-            dim = shard_dim(_strip(key))
-            if dim is None:
-                yield key, f.get_tensor(key)
-            else:
-                sl = f.get_slice(key)
-                part = tp.part(sl.get_shape()[dim])
-                yield key, sl[part] if dim == 0 else sl[:, part]
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                dim = shard_dim(strip_prefix(key))
+                if dim is None:
+                    yield key, f.get_tensor(key)
+                else:
+                    sl = f.get_slice(key)
+                    part = tp.part(sl.get_shape()[dim])
+                    yield key, sl[part] if dim == 0 else sl[:, part]
+    except ModelLoadError:
+        raise
     except Exception as e:
         raise ModelLoadError(f"{path}: cannot read weights ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
 
 
-def load_base(model_dir: Path, device, dtype, tp: TP = SINGLE) -> tuple[Transformer, dict[str, torch.Tensor]]:
-    """Build the Transformer (this rank's shard under `tp`) and fill every parameter by name.
-    Returns any `medusa_head.*` tensors; `model.weight_bytes_read` says how much was read."""
-    cfg_path = model_dir / "config.json"
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelLoadError(f"{cfg_path}: cannot read config ({e})") from None
-    args = ModelArgs.from_hf_config(cfg, where=str(cfg_path))
-    check_divisible(args, tp.world, str(cfg_path))
-    with torch.device("meta"):
-        model = Transformer(args, tp)
-    expected = {k: v for k, v in model.state_dict().items()}
-    if args.tie_word_embeddings:
-        expected.pop("lm_head.weight", None)
-    loaded: dict[str, torch.Tensor] = {}
-    medusa: dict[str, torch.Tensor] = {}
-    nbytes = 0
-    for f in base_weight_files(model_dir):
-        for key, t in _tensors(f, tp):
-            nbytes += t.numel() * t.element_size()
-            if key.startswith("medusa_head."):
-                medusa[key[len("medusa_head.") :]] = t
-                continue
-            name = _strip(key)
-            if name.endswith(_IGNORED_KEYS):
-                continue
-            if name == "lm_head.weight" and args.tie_word_embeddings:
-                continue  # some tied checkpoints store the copy anyway
-            if name not in expected:
-                raise ModelLoadError(f"{f}: unexpected key {key!r} for a {args.model_type} model")
-            if tuple(t.shape) != tuple(expected[name].shape):
-                raise ModelLoadError(f"{f}: key {key!r} has shape {tuple(t.shape)}, config implies {tuple(expected[name].shape)}")
-            loaded[name] = torch.zeros_like(t) if tp.rank > 0 and is_row_parallel_bias(name) else t
-    missing = [k for k in expected if k not in loaded]
-    if missing:
-        raise ModelLoadError(f"{model_dir}: missing weight key {'model.' + missing[0] if missing[0] != 'lm_head.weight' else missing[0]!r}"
-                             + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    model = model.to_empty(device=device).to(dtype)
-    with torch.no_grad():
-        for name, p in model.state_dict(keep_vars=True).items():
-            if name in loaded:
-                p.copy_(loaded[name])
-    model.inv_freq = rope_inv_freq(args).to(device)  # float32 always: RoPE angles need it
-    if args.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
-    model.weight_bytes_read = nbytes
-    return model.eval(), medusa
+def load_base(model_dir: Path, device, dtype, tp: TP = SINGLE, backend: str = "sdpa",
+              fused: bool = False) -> tuple[Transformer, dict[str, torch.Tensor], int]:
+    """The Transformer of a model directory (this rank's shard under `tp`), every parameter filled
+    by name. -> (model, any `medusa_head.*` tensors, bytes read)."""
+    args = read_config(model_dir)
+    check_divisible(args, tp.world, str(model_dir / "config.json"))
+    model = build_model(args, tp, backend=backend, fused=fused)
+    tensors = (kv for f in base_weight_files(model_dir) for kv in _tensors(f, tp))
+    return fill_model(model, tensors, device, dtype, str(model_dir))
 
 
 def find_heads(model_dir: Path) -> Path | None:
@@ -164,19 +227,40 @@ def find_heads(model_dir: Path) -> Path | None:
 
 def load_heads(source: str | os.PathLike | dict, args: ModelArgs, device, dtype, where: str = "heads",
                tp: TP = SINGLE) -> MedusaHeads:
-    """Heads from a file, a directory holding one of HEAD_FILES, or an in-memory state dict."""
+    """Heads from a file, a directory holding one of HEAD_FILES, or an in-memory state dict. A
+    safetensors file is checked from its header (key names and shapes) before any tensor is read."""
     if isinstance(source, dict):
-        sd = source
+        heads = heads_from_state_dict(source, args.dim, args.vocab_size, where, tp)
+        return heads.to(device=device, dtype=dtype).eval()
+    path = Path(source)
+    if path.is_dir():
+        found = find_heads(path)
+        if found is None:
+            raise ModelLoadError(f"{path}: no heads file ({', '.join(HEAD_FILES)})")
+        path = found
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such heads file")
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: not a regular file")
+    if path.suffix == ".safetensors":
+        try:
+            f = safe_open(str(path), framework="pt")
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        except Exception as e:
+            raise ModelLoadError(f"{path}: cannot read weights ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        heads = heads_from_tensors(shapes, f.get_tensor, args.dim, args.vocab_size, str(path), tp)
     else:
-        path = Path(source)
-        if path.is_dir():
-            found = find_heads(path)
-            if found is None:
-                raise ModelLoadError(f"{path}: no heads file ({', '.join(HEAD_FILES)})")
-            path = found
-        if not path.exists():
-            raise ModelLoadError(f"{path}: no such heads file")
-        sd = read_state_dict(path)
-        where = str(path)
-    heads = heads_from_state_dict(sd, args.dim, args.vocab_size, where, tp)
+        heads = heads_from_state_dict(read_state_dict(path), args.dim, args.vocab_size, str(path), tp)
     return heads.to(device=device, dtype=dtype).eval()
+
+
+def load_tokenizer(model_dir: Path):
+    files = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+    if not any((model_dir / f).exists() for f in files):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    except Exception as e:
+        raise ModelLoadError(f"{model_dir}: cannot load the tokenizer ({type(e).__name__}: {e})") from None

@@ -4,8 +4,11 @@
 to cache slots start..start+T-1; each token attends to the committed prefix [0, start) and to the
 tokens of its own block that `block_mask[T, T]` allows (causal for prefill, the tree mask for a
 Medusa step). Positions are explicit so tree nodes get prefix_len + depth. `start` is an int (one
-length for the whole batch: prefill, training) or a [B] device tensor of per-request lengths
-(decoding a batch whose requests have committed different numbers of tokens).
+length for the whole batch: prefill, training) or a [B] device tensor of per-request lengths.
+
+How it runs is fixed when it is built (`loading.build_model`): the attention `backend`, and `fused`
+(CUDA graphs on): q/k/v and gate/up stacked into one GEMM each, and the pointwise work done by the
+Triton kernels in engine/kernels/ (their torch references are the unfused path).
 """
 
 from __future__ import annotations
@@ -13,29 +16,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trees import pack_mask_bits
-
-from . import fused
-from .attention import attention, batch_mask, causal_bits, full_mask
+from .attention import AttentionContext, attention
 from .config import ModelArgs, rope_inv_freq
+from .kernels import compact, pointwise, rope
 from .tp import SINGLE, TP
-
-
-def compact_reference(k: torch.Tensor, v: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """k, v [L, B_cap, H, S, D]; src, dst [B, n]: slot src[b, i] -> dst[b, i] of request b in every
-    layer and head, as two gathers then two scatters. A row may repeat its last pair as padding."""
-    rows = torch.arange(src.shape[0], device=src.device)[:, None]
-    gathered_k, gathered_v = k[:, rows, :, src], v[:, rows, :, src]  # [B, n, L, H, D]
-    k[:, rows, :, dst] = gathered_k
-    v[:, rows, :, dst] = gathered_v
 
 
 class KVCache(nn.Module):
     """K and V for all layers in two tensors [L, B, H_kv, S, D], so compaction is one indexed copy."""
 
-    def __init__(self, args: ModelArgs, batch: int, capacity: int, device, dtype, kv_heads: int | None = None):
+    def __init__(self, args: ModelArgs, batch: int, capacity: int, device, dtype, kv_heads: int):
         super().__init__()
-        shape = (args.n_layers, batch, kv_heads or args.n_kv_heads, capacity, args.head_dim)
+        shape = (args.n_layers, batch, kv_heads, capacity, args.head_dim)
         self.register_buffer("k", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
         self.register_buffer("v", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
 
@@ -43,16 +35,17 @@ class KVCache(nn.Module):
     def capacity(self) -> int:
         return self.k.shape[3]
 
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
     def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move slots src[b, i] -> dst[b, i] of request b for every layer (the accepted path after a
-        tree step). Gather first, then write: the ranges may overlap. On CUDA one Triton launch
-        (engine/kernels/compact.py), elsewhere its torch reference."""
-        if self.k.is_cuda:
-            from .kernels.compact import compact
-
-            compact(self.k, self.v, src, dst)
+        tree step): one Triton launch on CUDA, its torch reference elsewhere."""
+        if self.k.is_cuda and compact.triton is not None:
+            compact.compact(self.k, self.v, src, dst)
         else:
-            compact_reference(self.k, self.v, src, dst)
+            compact.compact_reference(self.k, self.v, src, dst)
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Finished requests leave the batch: the kept rows move to the front, in place (gathered
@@ -64,83 +57,12 @@ class KVCache(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """Holds a norm's weight under its HF name; Transformer.forward applies it (engine/fused.py),
-    fused with the residual add before it."""
+    """Holds a norm's weight under its HF name; Transformer.forward applies it fused with the
+    residual add before it."""
 
     def __init__(self, dim: int):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-
-
-class Attention(nn.Module):
-    """Under tensor parallelism this rank holds n_heads / world query heads and n_kv_heads / world
-    KV heads; the caller all-reduces the output."""
-
-    def __init__(self, args: ModelArgs, tp: TP = SINGLE):
-        super().__init__()
-        self.args = args
-        d, hd = args.dim, args.head_dim
-        self.n_heads, self.n_kv_heads = args.n_heads // tp.world, args.n_kv_heads // tp.world
-        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=args.qkv_bias)
-        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=args.qkv_bias)
-        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=args.qkv_bias)
-        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=args.o_bias)
-        self.qkv_proj: nn.Linear | None = None  # q, k and v in one GEMM after fuse_projections()
-
-    def fuse_projections(self) -> None:
-        """Replace q/k/v by one Linear of their stacked weights: at batch 1 each projection is a
-        GEMV too small to reach full memory bandwidth, and one launch replaces three."""
-        parts = (self.q_proj, self.k_proj, self.v_proj)
-        self.qkv_proj = _stacked(parts)
-        del self.q_proj, self.k_proj, self.v_proj
-
-    def forward(self, x, cos, sin, cache: KVCache | None, layer: int, start, block_mask, backend: str,
-                dense_mask: torch.Tensor | None = None, span: int = 0, fuse: bool = False):
-        b, t, _ = x.shape
-        hd = self.args.head_dim
-        if self.qkv_proj is not None:
-            q, k, v = self.qkv_proj(x).split([self.n_heads * hd, self.n_kv_heads * hd, self.n_kv_heads * hd], -1)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.view(b, t, self.n_heads, hd).transpose(1, 2)
-        k = k.view(b, t, self.n_kv_heads, hd).transpose(1, 2)
-        v = v.view(b, t, self.n_kv_heads, hd).transpose(1, 2)
-        q, k = fused.op("rope", fuse)(q, k, cos, sin)
-        if cache is None:  # training / scoring: no cache, attend within the block only
-            out = attention(q, k, v, 0, block_mask, backend="sdpa")
-        elif isinstance(start, int):
-            cache.k[layer, :b, :, start : start + t] = k
-            cache.v[layer, :b, :, start : start + t] = v
-            out = attention(q, cache.k[layer, :b], cache.v[layer, :b], start, block_mask, backend, dense_mask, fuse)
-        else:  # per-request lengths: request r writes slots start[r] .. start[r]+t-1
-            rows = torch.arange(b, device=x.device)[:, None]
-            slots = start[:, None] + torch.arange(t, device=x.device)
-            cache.k[layer][rows, :, slots] = k.transpose(1, 2)
-            cache.v[layer][rows, :, slots] = v.transpose(1, 2)
-            out = attention(q, cache.k[layer, :b, :, :span], cache.v[layer, :b, :, :span], start, block_mask, backend,
-                            dense_mask, fuse)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * hd))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, args: ModelArgs, tp: TP = SINGLE):
-        super().__init__()
-        inner = args.intermediate_size // tp.world
-        self.gate_proj = nn.Linear(args.dim, inner, bias=args.mlp_bias)
-        self.up_proj = nn.Linear(args.dim, inner, bias=args.mlp_bias)
-        self.down_proj = nn.Linear(inner, args.dim, bias=args.mlp_bias)
-        self.gate_up_proj: nn.Linear | None = None  # gate and up in one GEMM after fuse_projections()
-
-    def fuse_projections(self) -> None:
-        self.gate_up_proj = _stacked((self.gate_proj, self.up_proj))
-        del self.gate_proj, self.up_proj
-
-    def forward(self, x: torch.Tensor, fuse: bool = False) -> torch.Tensor:
-        if self.gate_up_proj is not None:
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(fused.op("silu_mul", fuse)(gate, up))
 
 
 def _stacked(parts: tuple[nn.Linear, ...]) -> nn.Linear:
@@ -153,6 +75,78 @@ def _stacked(parts: tuple[nn.Linear, ...]) -> nn.Linear:
         if out.bias is not None:
             out.bias.copy_(torch.cat([p.bias for p in parts]))
     return out.requires_grad_(False)
+
+
+class Attention(nn.Module):
+    """Under tensor parallelism this rank holds n_heads / world query heads and n_kv_heads / world
+    KV heads; the caller all-reduces the output."""
+
+    def __init__(self, args: ModelArgs, tp: TP = SINGLE):
+        super().__init__()
+        d, hd = args.dim, args.head_dim
+        self.head_dim = hd
+        self.n_heads, self.n_kv_heads = args.n_heads // tp.world, args.n_kv_heads // tp.world
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=args.qkv_bias)
+        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=args.qkv_bias)
+        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=args.o_bias)
+        self.qkv_proj: nn.Linear | None = None  # q, k and v in one GEMM after stack_projections()
+
+    def stack_projections(self) -> None:
+        """q/k/v become one Linear of their stacked weights: at batch 1 each projection is a GEMV too
+        small to reach full memory bandwidth, and one launch replaces three."""
+        self.qkv_proj = _stacked((self.q_proj, self.k_proj, self.v_proj))
+        del self.q_proj, self.k_proj, self.v_proj
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope_cs, cache: KVCache | None, layer: int,
+                ctx: AttentionContext | None, inv_freq: torch.Tensor, fused: bool) -> torch.Tensor:
+        b, t, _ = x.shape
+        hd = self.head_dim
+        if fused and cache is not None:  # one kernel: RoPE on q and k, k and v written into the cache
+            start = ctx.start if isinstance(ctx.start, torch.Tensor) else torch.full((b,), ctx.start, device=x.device)
+            q = rope.rope_qkv_to_cache(self.qkv_proj(x), positions, inv_freq, cache.k[layer], cache.v[layer], start,
+                                       self.n_heads, self.n_kv_heads)
+        else:
+            if self.qkv_proj is not None:
+                q, k, v = self.qkv_proj(x).split([self.n_heads * hd, self.n_kv_heads * hd, self.n_kv_heads * hd], -1)
+            else:
+                q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q = q.view(b, t, self.n_heads, hd).transpose(1, 2)
+            k = k.view(b, t, self.n_kv_heads, hd).transpose(1, 2)
+            v = v.view(b, t, self.n_kv_heads, hd).transpose(1, 2)
+            q, k = rope.rope_reference(q, k, *rope_cs)
+            if cache is None:  # training / scoring: no cache, causal within the block
+                out = attention(q, k, v, AttentionContext("sdpa", 0, t, None))
+                return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * hd))
+            if isinstance(ctx.start, int):
+                cache.k[layer, :b, :, ctx.start : ctx.start + t] = k
+                cache.v[layer, :b, :, ctx.start : ctx.start + t] = v
+            else:
+                rope.write_cache_reference(cache.k[layer], cache.v[layer], k, v, ctx.start)
+        out = attention(q, cache.k[layer, :b], cache.v[layer, :b], ctx)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * hd))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs, tp: TP = SINGLE):
+        super().__init__()
+        inner = args.intermediate_size // tp.world
+        self.gate_proj = nn.Linear(args.dim, inner, bias=args.mlp_bias)
+        self.up_proj = nn.Linear(args.dim, inner, bias=args.mlp_bias)
+        self.down_proj = nn.Linear(inner, args.dim, bias=args.mlp_bias)
+        self.gate_up_proj: nn.Linear | None = None  # gate and up in one GEMM after stack_projections()
+
+    def stack_projections(self) -> None:
+        self.gate_up_proj = _stacked((self.gate_proj, self.up_proj))
+        del self.gate_proj, self.up_proj
+
+    def forward(self, x: torch.Tensor, fused: bool) -> torch.Tensor:
+        if self.gate_up_proj is not None:
+            gate_up = self.gate_up_proj(x)
+        else:
+            gate_up = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
+        act = pointwise.silu_mul(gate_up) if fused else pointwise.silu_mul_reference(gate_up)
+        return self.down_proj(act)
 
 
 class Block(nn.Module):
@@ -168,9 +162,9 @@ class Transformer(nn.Module):
     """Parameter names follow the HF layout (`model.` stripped) so checkpoints load by name.
     With `tp` this is one rank's shard (engine/tp.py says what is split and how)."""
 
-    def __init__(self, args: ModelArgs, tp: TP = SINGLE):
+    def __init__(self, args: ModelArgs, tp: TP = SINGLE, backend: str = "sdpa", fused: bool = False):
         super().__init__()
-        self.args, self.tp = args, tp
+        self.args, self.tp, self.backend, self.fused = args, tp, backend, fused
         self.embed_tokens = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(Block(args, tp) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim)
@@ -179,28 +173,32 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
         self.cache: KVCache | None = None
-        self.backend = "sdpa"
-        self.fused = False  # pointwise ops compiled into single kernels (engine/fused.py; CUDA graphs turn it on)
 
-    def fuse_projections(self) -> None:
+    def stack_projections(self) -> None:
         """q/k/v and gate/up each become one GEMM (after loading: checkpoints keep the HF names).
         Under tensor parallelism each rank stacks its own shards, so the split stays per rank."""
         for layer in self.layers:
             if layer.self_attn.qkv_proj is None:
-                layer.self_attn.fuse_projections()
-                layer.mlp.fuse_projections()
+                layer.self_attn.stack_projections()
+                layer.mlp.stack_projections()
 
     def setup_cache(self, batch: int, capacity: int) -> KVCache:
+        """A cache of at least this batch and capacity (an existing larger one is kept: CUDA graphs
+        hold its addresses)."""
         w = self.embed_tokens.weight
-        if self.cache is None or self.cache.capacity < capacity or self.cache.k.shape[1] < batch:
+        if self.cache is None or self.cache.capacity < capacity or self.cache.batch < batch:
             self.cache = None  # free the old one before allocating the new one
             self.cache = KVCache(self.args, batch, capacity, w.device, w.dtype, self.args.n_kv_heads // self.tp.world)
         return self.cache
 
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = positions.float()[..., None] * self.inv_freq  # [B, T, D/2]
-        emb = torch.cat((angles, angles), dim=-1)
-        return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]  # [B, 1, T, D]
+    def _norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, fused: bool):
+        """-> (x + residual, RMSNorm of it): one kernel on the fused path (x updated in place there)."""
+        eps = self.args.norm_eps
+        if fused:
+            return pointwise.add_rms_norm(x, residual, weight, eps)
+        if residual is None:
+            return x, pointwise.rms_norm_reference(x, weight, eps)
+        return pointwise.add_rms_norm_reference(x, residual, weight, eps)
 
     def forward(
         self,
@@ -210,45 +208,35 @@ class Transformer(nn.Module):
         block_mask: torch.Tensor | None = None,
         use_cache: bool = True,
         span: int | None = None,
-        mask_bits: torch.Tensor | None = None,
+        tree_bits: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """tokens, positions [B, T] -> final-normed hidden states [B, T, dim] (feed lm_head or heads).
 
         With per-request `start` [B], `span` (a host int >= max(start) + T) bounds the cache slots read.
-        `mask_bits`: block_mask already packed on the device (TreeBuffers.mask_bits), so the triton
+        `tree_bits`: block_mask already packed on the device (TreeBuffers.mask_bits), so the triton
         backend needs no host-to-device copy (required inside a CUDA graph).
         """
+        b, t = tokens.shape
         x = self.embed_tokens(tokens)
-        if positions.dim() == 1:
-            positions = positions[None].expand(tokens.shape[0], -1)
-        cos, sin = self.rope(positions, x.dtype)
+        positions = positions if positions.dim() == 2 else positions[None].expand(b, -1)
         cache = self.cache if use_cache else None
-        t = tokens.shape[1]
-        per_request = isinstance(start, torch.Tensor)
-        if per_request and span is None:
-            raise ValueError("per-request start needs span (max(start) + T, a host int)")
-        a = self.args
-        dense = None  # the mask is the same in every layer: build it once per forward
-        if cache is not None and self.backend == "sdpa" and per_request:
-            dense = batch_mask(start, block_mask, t, span, a.n_heads // a.n_kv_heads)
-        elif cache is not None and self.backend == "sdpa" and (start > 0 or block_mask is not None):
-            dense = full_mask(start, block_mask, t, x.device, a.n_heads // a.n_kv_heads)
-        elif cache is not None and self.backend == "triton":
-            if mask_bits is not None:
-                dense = mask_bits
-            elif block_mask is None:
-                dense = causal_bits(t, x.device)
-            else:
-                dense = pack_mask_bits(block_mask.cpu()).to(x.device)
-        # x += attn(norm(x)); x += mlp(norm(x)); ... norm(x), with each residual add fused into the next norm
-        add_norm = fused.op("add_rms_norm", self.fused)
-        eps = a.norm_eps
-        h = fused.op("rms_norm", self.fused)(x, (self.layers[0].input_layernorm if self.layers else self.norm).weight, eps)
+        fused = self.fused and cache is not None
+        ctx = None
+        if cache is not None:
+            if isinstance(start, torch.Tensor) and span is None:
+                raise ValueError("per-request start needs span (max(start) + T, a host int)")
+            span = span if isinstance(start, torch.Tensor) else start + t
+            a = self.args
+            ctx = AttentionContext.build(self.backend, start, t, span, block_mask, tree_bits, a.n_heads // a.n_kv_heads,
+                                         x.device)
+        rope_cs = None if fused else rope.rope_tables(positions, self.inv_freq, x.dtype)
+        # x += attn(norm(x)); x += mlp(norm(x)); ... norm(x), each residual add fused into the next norm
+        first = self.layers[0].input_layernorm if len(self.layers) else self.norm
+        x, h = self._norm(x, None, first.weight, fused)
         for i, layer in enumerate(self.layers):
-            out = self.tp.all_reduce(layer.self_attn(h, cos, sin, cache, i, start, block_mask, self.backend, dense,
-                                                     span or 0, self.fused))
-            x, h = add_norm(x, out, layer.post_attention_layernorm.weight, eps)
-            out = self.tp.all_reduce(layer.mlp(h, self.fused))
+            out = self.tp.all_reduce(layer.self_attn(h, positions, rope_cs, cache, i, ctx, self.inv_freq, fused))
+            x, h = self._norm(x, out, layer.post_attention_layernorm.weight, fused)
+            out = self.tp.all_reduce(layer.mlp(h, fused))
             nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
-            x, h = add_norm(x, out, nxt.weight, eps)
+            x, h = self._norm(x, out, nxt.weight, fused)
         return h

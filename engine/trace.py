@@ -1,7 +1,8 @@
-"""Step traces: one JSON object per decoding step (schema_version 1, see DESIGN.md).
+"""Step traces: one JSON object per decoding step (schema_version 1, docs/trace-schema.md).
 
-Built only when asked for, from tensors the step already has, so recording costs nothing when off.
-The writer flushes every line, so a killed run keeps every step it finished.
+The numbers come from the device already packed (`decode.trace_fields`); this module only names
+them and adds token texts. The writer flushes every line, so a killed run keeps every step it
+finished.
 """
 
 from __future__ import annotations
@@ -15,52 +16,51 @@ from typing import IO
 import torch
 
 from .decode import StepResult
+from .generation import GenerationError
 
 TRACE_SCHEMA_VERSION = 1
 
 
-def step_trace(
-    step: int,
-    prefix_len: int,
-    tree: list[list[int]],
-    res: StepResult,
-    parent: list[int],
-    topk: int,
-    step_ms: float,
-    decode: Callable[[int], str],
-) -> dict:
-    """Everything the UI and the statistics need to replay one step."""
-    committed = res.tokens
-    record = {
-        "step": step,
-        "prefix_len": prefix_len,
-        "tree": tree,
-        "accepted_nodes": res.accepted_nodes,
-        "accepted_tokens": committed,
-        "accepted_text": "".join(decode(t) for t in committed),
-        "step_ms": round(step_ms, 4),
-    }
-    if res.node_logits is not None:
-        probs = torch.softmax(res.node_logits.float(), dim=-1)  # [T, V] target at temperature 1
-        argmax_p, argmax = probs.max(-1)
-        node_tokens = res.node_tokens.tolist() if res.node_tokens is not None else committed[:1]
-        record["node_tokens"] = node_tokens
-        record["node_text"] = [decode(t) for t in node_tokens]
-        record["target_argmax"] = argmax.tolist()
-        record["target_argmax_text"] = [decode(t) for t in record["target_argmax"]]
-        record["target_argmax_prob"] = [round(p, 6) for p in argmax_p.tolist()]
-        # probability the target gave each node's token at the node's parent (the root: unknown here)
-        record["target_prob"] = [
-            None if par < 0 else round(float(probs[par, tok]), 6) for tok, par in zip(node_tokens, parent)
-        ]
-    if res.head_logits is not None:
-        hp = torch.softmax(res.head_logits.float(), dim=-1)
-        vals, idx = hp.topk(min(topk, hp.shape[-1]), dim=-1)
-        record["head_topk"] = [
-            [{"token": int(t), "text": decode(int(t)), "prob": round(float(p), 6)} for t, p in zip(ti, pi)]
-            for ti, pi in zip(idx.tolist(), vals.tolist())
-        ]
-    return record
+class Tracer:
+    """Builds the trace record of each step of one run (the tree's shape is fixed for the run)."""
+
+    def __init__(self, tree: list[list[int]], parent: list[int], text_of: Callable[[int], str],
+                 writer: TraceWriter | None = None):
+        self.tree, self.parent, self.text_of, self.writer = tree, parent, text_of, writer
+        self.depth = [0] + [len(p) for p in tree]
+
+    def record(self, step: int, prefix_len: int, res: StepResult, committed: list[int], step_ms: float,
+               request: int | None = None) -> dict:
+        """Everything the UI and the statistics need to replay one step. `committed`: the tokens the
+        output kept (res.tokens cut at EOS or the token limit)."""
+        text = self.text_of
+        rec = {
+            "step": step,
+            "prefix_len": prefix_len,
+            "tree": self.tree,
+            "parent": self.parent,
+            "depth": self.depth,
+            "accepted_nodes": res.accepted_nodes,
+            "accepted_tokens": committed,
+            "accepted_text": "".join(text(t) for t in committed),
+            "step_ms": round(step_ms, 4),
+        }
+        tr = res.trace
+        if tr is not None:
+            rec["node_tokens"] = tr.node_tokens
+            rec["node_text"] = [text(t) for t in tr.node_tokens]
+            rec["target_argmax"] = tr.target_argmax
+            rec["target_argmax_text"] = [text(t) for t in tr.target_argmax]
+            rec["target_argmax_prob"] = tr.target_argmax_prob
+            rec["target_prob"] = tr.target_prob
+            rec["accept_prob"] = tr.accept_prob
+            if tr.head_topk:
+                rec["head_topk"] = [[{"token": t, "text": text(t), "prob": p} for t, p in head] for head in tr.head_topk]
+        if request is not None:
+            rec["request"] = request
+        if self.writer is not None:
+            self.writer.write(rec)
+        return rec
 
 
 def header(model: str, heads: str | None, tree: list[list[int]] | None, mode: str, accept: str, extra: dict) -> dict:
@@ -82,7 +82,12 @@ class TraceWriter:
 
     def __init__(self, path: str | os.PathLike):
         self.path = path
-        self._f: IO[str] = open(path, "a", encoding="utf-8")
+        try:
+            self._f: IO[str] = open(path, "a", encoding="utf-8")
+        except IsADirectoryError:
+            raise GenerationError(f"{path}: is a directory; the trace needs a file path") from None
+        except OSError as e:
+            raise GenerationError(f"{path}: cannot write the trace ({e.strerror or e})") from None
 
     def write(self, obj: dict) -> None:
         self._f.write(json.dumps(obj, ensure_ascii=False) + "\n")

@@ -1,10 +1,11 @@
-"""Batched decoding: every request's output equals its batch-of-one output (greedy)."""
+"""Batched decoding: every request's output equals its batch-of-one output and plain AR (greedy)."""
 
 import pytest
 import torch
-from conftest import VOCAB, make_hf_model, random_heads_sd
+from conftest import VOCAB, make_hf_model, oracle_heads, oracle_steps, random_heads_sd
 
 import engine
+import trees
 from engine.prompts import heldout_prompts
 
 
@@ -22,12 +23,29 @@ def prompts(lengths, seed=0):
 
 
 @pytest.mark.parametrize("mode,tree", [("ar", None), ("medusa", "mc_sim_7b_63"), ("medusa", "chain_3")])
-def test_batch_equals_batch_of_one(eng, mode, tree):
+def test_batch_equals_batch_of_one_and_ar(eng, mode, tree):
     batch = prompts([5, 13, 2, 9])
     singles = [eng.generate(p, 30, mode=mode, tree=tree) for p in batch]
     together = eng.generate(batch, 30, mode=mode, tree=tree)
-    assert [r.token_ids for r in together] == [r.token_ids for r in singles]
+    ar = [eng.generate(p, 30, mode="ar").token_ids for p in batch]
+    assert [r.token_ids for r in together] == [r.token_ids for r in singles] == ar
     assert [r.steps for r in together] == [r.steps for r in singles]
+
+
+def test_batch_with_oracle_drafts_accepts_long_paths_per_request(eng):
+    """Requests at different lengths accept different long paths through non-first children in one
+    step; each row compacts its own K/V and every output is AR's."""
+    batch = prompts([5, 13, 2, 9], seed=6)
+    rank = lambda p, k: (p + k) % 3  # noqa: E731
+    saved, eng.heads = eng.heads, oracle_heads(eng, batch, 30, 5, rank)
+    try:
+        ar = [eng.generate(p, 30, mode="ar").token_ids for p in batch]
+        together = eng.generate(batch, 30, mode="medusa", tree="mc_sim_7b_63")
+    finally:
+        eng.heads = saved
+    assert [r.token_ids for r in together] == ar
+    want = oracle_steps(trees.preset("mc_sim_7b_63"), 30, 5, rank)
+    assert [r.steps for r in together] == [want] * 4 and want < 15
 
 
 def test_requests_that_stop_at_different_steps_leave_the_batch(eng):
@@ -70,5 +88,6 @@ def test_demo_batch_accepts_long_paths_and_matches_single(demo_engine):
     batch = heldout_prompts(4)
     singles = [demo_engine.generate(p, 48, mode="medusa", tree="demo_tuned") for p in batch]
     together = demo_engine.generate(batch, 48, mode="medusa", tree="demo_tuned")
-    assert [r.token_ids for r in together] == [r.token_ids for r in singles]
-    assert sum(r.new_tokens for r in together) / sum(r.steps for r in together) > 1.2
+    ar = [demo_engine.generate(p, 48, mode="ar").token_ids for p in batch]
+    assert [r.token_ids for r in together] == [r.token_ids for r in singles] == ar
+    assert sum(r.new_tokens for r in together) / sum(r.steps for r in together) > 1.6

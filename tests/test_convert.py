@@ -102,9 +102,13 @@ def test_inspect(base, tmp_path, capsys, llama_dir):
     wrong = tmp_path / "wrong.safetensors"
     save_file(random_heads_sd(num_heads=2, dim=32, vocab=50), str(wrong))
     bad = inspect(wrong, model=base)
-    assert any("hidden size 32" in p for p in bad["mismatch"]) and any("50 tokens" in p for p in bad["mismatch"])
+    want = "key '0.0.linear.weight' has shape (32, 32), the base model needs (64, 64)"
+    assert len(bad["mismatch"]) == 1 and want in bad["mismatch"][0]
+    with pytest.raises(engine.ModelLoadError) as refused:  # what generate says: inspect and load never disagree
+        engine.load(base, heads=wrong, device="cpu")
+    assert want in str(refused.value)
     assert main(["inspect", str(wrong), "--model", str(base)]) == 1
-    assert "mismatch: heads have hidden size 32" in capsys.readouterr().out
+    assert f"mismatch: {want}" in capsys.readouterr().out.replace(f"{wrong}: ", "")
     assert main(["inspect", str(llama_dir), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["heads"]["format"] == "faster-decoding"
     (tmp_path / "empty").mkdir()

@@ -67,7 +67,7 @@ def test_cli_error_is_one_line():
 def test_train_heads_loss_goes_down_and_resumes(tmp_path):
     from conftest import make_hf_model
 
-    from engine.train_heads import train_heads
+    from engine.train.heads import train_heads
 
     make_hf_model(tmp_path / "m", "llama", n_kv=2)
     data = torch.randint(0, 97, (4000,), generator=torch.Generator().manual_seed(0))
@@ -88,11 +88,37 @@ def test_train_heads_loss_goes_down_and_resumes(tmp_path):
     assert [h["step"] for h in rep2["history"]] == [15, 30, 45]  # resumed at 30, not from scratch
 
 
+def test_train_heads_resumed_with_a_time_budget_stops(tmp_path):
+    """--minutes fixes the step count after 20 timed steps of *this* run: a run resumed past step 20
+    (the demo recipe does this) used to train forever. A checkpoint from a time-budgeted run keeps
+    its schedule; one without a recorded total gets a new budget counted from the resume point."""
+    import numpy as np
+
+    from conftest import make_hf_model
+
+    from engine.train.heads import train_heads
+
+    make_hf_model(tmp_path / "m", "llama", n_kv=2)
+    np.save(tmp_path / "tok.npy", torch.randint(0, 97, (3000,), generator=torch.Generator().manual_seed(0)).numpy())
+    out = tmp_path / "heads.safetensors"
+    kw = dict(num_heads=2, batch=2, seq=32, eval_every=25, device="cpu", log=lambda *_: None)
+    first = train_heads(str(tmp_path / "m"), str(tmp_path / "tok.npy"), str(out), minutes=1e-4, **kw)
+    assert first["steps"] == 50  # the budget's floor of 50 steps
+    again = train_heads(str(tmp_path / "m"), str(tmp_path / "tok.npy"), str(out), minutes=1e-4, **kw)
+    assert again["steps"] == 50  # the recorded schedule was already finished
+    ckpt = out.with_name(out.name + ".ckpt.pt")
+    state = torch.load(ckpt, weights_only=True)
+    del state["total"]  # a checkpoint of the older layout: no total recorded
+    torch.save(state, ckpt)
+    resumed = train_heads(str(tmp_path / "m"), str(tmp_path / "tok.npy"), str(out), minutes=1e-4, **kw)
+    assert resumed["steps"] == 100  # 50 more from the resume point, then it stops
+
+
 def test_train_base_with_future_heads_saves_a_loadable_model(tmp_path):
     """The base trainer's auxiliary future-token loss runs, is reported, and what it saves loads."""
     import numpy as np
 
-    from engine.train_base import train_base
+    from engine.train.base import train_base
 
     data = tmp_path / "data"
     data.mkdir()

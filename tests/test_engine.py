@@ -1,13 +1,15 @@
-"""Parity: our decoder vs transformers, Medusa vs AR, and the KV cache after a tree step."""
+"""Parity: our decoder vs transformers, Medusa vs AR with drafts that are really accepted (oracle
+heads), the KV cache after long accepted paths, and the generation API's contract."""
 
 import pytest
 import torch
-from conftest import VOCAB, make_hf_model, random_heads_sd
+from conftest import VOCAB, make_hf_model, oracle_heads, oracle_steps, random_heads_sd
 
 import engine
 import trees
 
-LAYOUTS = [("llama", 2, False), ("llama", 4, True), ("mistral", 1, False), ("qwen2", 2, True)]
+LAYOUTS = [("llama", 4, False), ("llama", 2, False), ("llama", 4, True), ("mistral", 1, False), ("qwen2", 2, True)]
+MAX_NEW = 40
 
 
 @pytest.fixture(scope="module", params=LAYOUTS, ids=lambda p: f"{p[0]}-kv{p[1]}-{'tied' if p[2] else 'untied'}")
@@ -23,6 +25,11 @@ def prompt(seed, n=9):
     return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+def hf_greedy(hf, ids, n):
+    with torch.no_grad():
+        return hf.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, len(ids):].tolist()
+
+
 def test_logits_match_transformers(model_pair):
     hf, eng = model_pair
     ids = prompt(3, 20)
@@ -31,15 +38,6 @@ def test_logits_match_transformers(model_pair):
         eng.model.setup_cache(1, 64)
         ours = eng.model.lm_head(eng.model(torch.tensor([ids]), torch.arange(20)))[0]
     torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
-
-
-@pytest.mark.parametrize("seed", [0, 1])
-def test_ar_greedy_equals_transformers_generate(model_pair, seed):
-    hf, eng = model_pair
-    ids = prompt(seed)
-    with torch.no_grad():
-        ref = hf.generate(torch.tensor([ids]), max_new_tokens=40, min_new_tokens=40, do_sample=False)[0, len(ids):]
-    assert eng.generate(ids, 40, mode="ar").token_ids == ref.tolist()
 
 
 def random_prefix_closed(seed, n=20, topk=10, depth=5):
@@ -55,18 +53,65 @@ def random_prefix_closed(seed, n=20, topk=10, depth=5):
     return paths
 
 
-TREES = ["chain_1", "chain_5", [[r] for r in range(10)], "mc_sim_7b_63", random_prefix_closed(0), random_prefix_closed(1)]
+TREES = {"chain1": "chain_1", "chain5": "chain_5", "wide": [[r] for r in range(10)], "mc_sim": "mc_sim_7b_63",
+         "rand0": random_prefix_closed(0), "rand1": random_prefix_closed(1, n=60), "kary3x4": trees.kary(3, 4)}
+RANKS = {"top1": lambda p, k: 0, "mixed": lambda p, k: (p + 2 * k) % 3}  # mixed: ranks 0-2, so non-first children
 
 
-@pytest.mark.parametrize("tree", TREES, ids=["chain1", "chain5", "wide", "mc_sim", "rand0", "rand1"])
-def test_medusa_greedy_equals_ar(model_pair, tree):
-    _, eng = model_pair
-    for seed in (0, 5):
-        ids = prompt(seed)
-        ar = eng.generate(ids, 48, mode="ar")
-        md = eng.generate(ids, 48, mode="medusa", tree=tree)
-        assert md.token_ids == ar.token_ids
-        assert md.steps <= ar.steps
+@pytest.fixture(scope="module")
+def oracle_runs(model_pair):
+    """Per layout: the prompts, AR and transformers outputs, and oracle heads of each rank pattern."""
+    hf, eng = model_pair
+    prompts = [prompt(0), prompt(5, 13)]
+    ar = [eng.generate(p, MAX_NEW, mode="ar").token_ids for p in prompts]
+    ref = [hf_greedy(hf, p, MAX_NEW) for p in prompts]
+    oracles = {name: oracle_heads(eng, prompts, MAX_NEW, 5, rank) for name, rank in RANKS.items()}
+    return eng, prompts, ar, ref, oracles
+
+
+@pytest.mark.parametrize("ranks", list(RANKS))
+@pytest.mark.parametrize("tree", list(TREES))
+def test_oracle_medusa_equals_ar_and_transformers_with_long_paths(oracle_runs, tree, ranks):
+    """Drafts that are right (at rank 0, or at ranks 0-2): full-depth and non-first-child paths are
+    accepted and compacted on every step, and the output is still AR's and transformers'. The step
+    count is exactly what the tree must take under these drafts (conftest.oracle_steps)."""
+    eng, prompts, ar, ref, oracles = oracle_runs
+    saved, eng.heads = eng.heads, oracles[ranks]
+    try:
+        choices = trees.resolve(TREES[tree])
+        for p, want_ar, want_hf in zip(prompts, ar, ref):
+            md = eng.generate(p, MAX_NEW, mode="medusa", tree=choices)
+            assert want_ar == want_hf
+            assert md.token_ids == want_ar
+            assert md.steps == oracle_steps(choices, MAX_NEW, 5, RANKS[ranks])
+            if ranks == "top1":  # every step keeps the tree's whole top-1 chain (but at the very end)
+                depth = max(d for d in range(6) if all([0] * i in choices for i in range(1, d + 1)))
+                assert md.steps == -(-MAX_NEW // (depth + 1))
+        batch = eng.generate(prompts, MAX_NEW, mode="medusa", tree=choices)  # batched: the same, row by row
+        assert [r.token_ids for r in batch] == ar
+    finally:
+        eng.heads = saved
+
+
+def test_kv_cache_after_long_accepted_paths_equals_recomputation(oracle_runs):
+    eng, prompts, ar, _, oracles = oracle_runs
+    saved, eng.heads = eng.heads, oracles["mixed"]
+    try:
+        ids = prompts[1]
+        res = eng.generate(ids, MAX_NEW, mode="medusa", tree="mc_sim_7b_63")
+        assert res.mean_accepted > 2.0  # long paths through non-first children were compacted
+        committed = ids + res.token_ids[:-1]  # the last token's K/V is not computed yet
+        n = len(committed)
+        k_after = eng.model.cache.k[:, :1, :, :n].clone()
+        v_after = eng.model.cache.v[:, :1, :, :n].clone()
+        eng.model.cache = None
+        eng.model.setup_cache(1, 256)
+        with torch.no_grad():
+            eng.model(torch.tensor([committed]), torch.arange(n))
+        torch.testing.assert_close(k_after, eng.model.cache.k[:, :1, :, :n], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(v_after, eng.model.cache.v[:, :1, :, :n], atol=1e-5, rtol=1e-4)
+    finally:
+        eng.heads = saved
 
 
 def test_near_cache_limit_and_eos_inside_accepted_path(tmp_path):
@@ -74,11 +119,12 @@ def test_near_cache_limit_and_eos_inside_accepted_path(tmp_path):
     eng = engine.load(tmp_path, heads=random_heads_sd(), device="cpu")
     ids = prompt(2, 30)
     ar = eng.generate(ids, 34, mode="ar")  # 30 + 34 = the whole 64-token context
+    eng.heads = oracle_heads(eng, [ids], 34, 5)
     md = eng.generate(ids, 34, mode="medusa", tree="mc_sim_7b_63")
-    assert md.token_ids == ar.token_ids and len(md.token_ids) == 34
+    assert md.token_ids == ar.token_ids and len(md.token_ids) == 34 and md.mean_accepted > 4
     with pytest.raises(engine.GenerationError, match="exceeds the context of 64"):
         eng.generate(ids, 35, mode="ar")
-    # EOS: make a token from the middle of the greedy output the EOS id
+    # EOS: a token from the middle of the greedy output, reached inside an accepted path
     eos = ar.token_ids[10]
     first = ar.token_ids.index(eos)
     eng.eos_ids = {eos}
@@ -87,22 +133,7 @@ def test_near_cache_limit_and_eos_inside_accepted_path(tmp_path):
         assert r.token_ids == ar.token_ids[: first + 1] and r.finish_reason == "eos"
 
 
-def test_kv_cache_after_tree_step_equals_recomputation(model_pair):
-    _, eng = model_pair
-    ids = prompt(4, 12)
-    res = eng.generate(ids, 30, mode="medusa", tree="mc_sim_7b_63")
-    committed = ids + res.token_ids[:-1]  # the last token's K/V is not computed yet
-    n = len(committed)
-    k_after = eng.model.cache.k[:, :, :, :n].clone()
-    v_after = eng.model.cache.v[:, :, :, :n].clone()
-    eng.model.setup_cache(1, 256)
-    with torch.no_grad():
-        eng.model(torch.tensor([committed]), torch.arange(n))
-    torch.testing.assert_close(k_after, eng.model.cache.k[:, :, :, :n], atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(v_after, eng.model.cache.v[:, :, :, :n], atol=1e-5, rtol=1e-4)
-
-
-def test_typical_and_sample_modes_run_and_sample_at_zero_temperature_is_greedy(model_pair):
+def test_sampling_rules_at_zero_temperature_are_greedy_and_seeds_repeat(model_pair):
     _, eng = model_pair
     ids = prompt(7)
     ar = eng.generate(ids, 30, mode="ar")
@@ -111,22 +142,52 @@ def test_typical_and_sample_modes_run_and_sample_at_zero_temperature_is_greedy(m
     a = eng.generate(ids, 30, mode="medusa", accept="typical", temperature=0.8, seed=3)
     b = eng.generate(ids, 30, mode="medusa", accept="typical", temperature=0.8, seed=3)
     assert a.token_ids == b.token_ids and a.new_tokens == 30
+    draws = {tuple(eng.generate(ids, 12, mode="ar", accept="sample", temperature=1.5, seed=s).token_ids) for s in range(4)}
+    assert len(draws) > 1  # different seeds sample different texts
 
 
-def test_trace_records_the_step(model_pair, tmp_path):
+def test_trace_records_the_step_with_parent_and_depth(model_pair, tmp_path):
     _, eng = model_pair
     f = tmp_path / "t.jsonl"
-    res = eng.generate(prompt(1), 20, mode="medusa", tree="chain_3", trace=True, trace_file=f)
-    rows = trees.read_traces(f)
-    assert rows[0]["type"] == "header" and len(rows) == 1 + res.steps
-    s = rows[1]
-    assert s["tree"] == [[0], [0, 0], [0, 0, 0]] and len(s["node_tokens"]) == 4
+    res = eng.generate(prompt(1), 20, mode="medusa", tree="chain_3", trace=True, trace_file=str(f))
+    runs = trees.read_runs(f)
+    assert len(runs) == 1 and runs[0].n_steps == res.steps and runs[0].n_tokens == 20
+    s = res.traces[0]
+    assert s["tree"] == [[0], [0, 0], [0, 0, 0]] and s["parent"] == [-1, 0, 1, 2] and s["depth"] == [0, 1, 2, 3]
+    assert len(s["node_tokens"]) == 4 and s["node_tokens"][0] == res.token_ids[0]
     assert s["accepted_nodes"][0] == 0 and len(s["head_topk"]) == 5 and len(s["head_topk"][0]) == 10
-    assert sum(len(r["accepted_tokens"]) for r in rows[1:]) == 20
-    vec = trees.rank_vectors_from_file(f)
-    # the empirical estimate of the tree that ran equals what it actually accepted (greedy)
-    assert trees.expected_empirical([[0], [0, 0], [0, 0, 0]], vec[:-3]) == pytest.approx(
-        sum(len(r["accepted_tokens"]) for r in rows[1:-3]) / (res.steps - 3))
+    assert s["target_prob"][0] is None and all(0 <= p <= 1 for p in s["target_prob"][1:])
+    # greedy: a node is kept iff it is the target's argmax at its parent
+    for t in res.traces:
+        for node, (tok, par) in enumerate(zip(t["node_tokens"], t["parent"])):
+            if par >= 0:
+                assert t["accept_prob"][node] == float(tok == t["target_argmax"][par])
+    assert sum(len(t["accepted_tokens"]) for t in res.traces) == 20
+
+
+def test_stream_pieces_join_to_generate_text_and_tokens(model_pair):
+    _, eng = model_pair
+    for mode in ("ar", "medusa"):
+        events = list(eng.stream(prompt(2), 25, mode=mode, tree="mc_sim_7b_63"))
+        res = eng.generate(prompt(2), 25, mode=mode, tree="mc_sim_7b_63")
+        assert "".join(e.text for e in events) == res.text
+        assert [t for e in events for t in e.tokens] == res.token_ids
+        assert events[-1].done and events[-1].finish_reason == "length" and not any(e.done for e in events[:-1])
+
+
+def test_generation_config_drives_the_api(model_pair):
+    _, eng = model_pair
+    cfg = engine.GenerationConfig(max_new_tokens=12, mode="medusa", tree="chain_2")
+    a = eng.generate(prompt(4), config=cfg)
+    b = eng.generate(prompt(4), 12, mode="medusa", tree="chain_2")
+    assert a.token_ids == b.token_ids and a.tree == [[0], [0, 0]]
+    assert eng.generate(prompt(4), config=cfg, max_new_tokens=5).new_tokens == 5  # keywords override the config
+    for bad, msg in (({"mode": "x"}, "unknown mode"), ({"accept": "x"}, "unknown acceptance"),
+                     ({"max_new_tokens": 0}, "positive integer"), ({"seed": 2**70}, "seed must be"),
+                     ({"top_p": 0}, "top_p"), ({"nonsense": 1}, "unknown generation setting"),
+                     ({"tree": []}, "tree is empty")):
+        with pytest.raises(engine.GenerationError, match=msg):
+            eng.generate(prompt(4), config=cfg, **bad)
 
 
 def test_cuda_graphs_on_a_cpu_engine_is_a_clear_error(llama_dir):
@@ -135,7 +196,7 @@ def test_cuda_graphs_on_a_cpu_engine_is_a_clear_error(llama_dir):
     assert engine.load(llama_dir, device="cpu").graphs is None  # default: off without CUDA
 
 
-def test_fused_projections_keep_logits_and_greedy_output(tmp_path):
+def test_stacked_projections_keep_logits_and_greedy_output(tmp_path):
     """Stacking q/k/v and gate/up into one GEMM each (done with CUDA graphs) changes no result."""
     make_hf_model(tmp_path, "qwen2", n_kv=2)  # biased q/k/v: the stacked bias must line up too
     eng = engine.load(tmp_path, heads=random_heads_sd(), device="cpu", dtype="float32")
@@ -147,7 +208,7 @@ def test_fused_projections_keep_logits_and_greedy_output(tmp_path):
             return eng.model.lm_head(eng.model(torch.tensor([ids]), torch.arange(20)))[0]
 
     before, want = logits(), eng.generate(ids, 40, mode="medusa", tree="mc_sim_7b_63").token_ids
-    eng.model.fuse_projections()
+    eng.model.stack_projections()
     attn, mlp = eng.model.layers[0].self_attn, eng.model.layers[0].mlp
     assert attn.qkv_proj is not None and not hasattr(attn, "q_proj") and not hasattr(mlp, "up_proj")
     torch.testing.assert_close(logits(), before, atol=1e-5, rtol=1e-5)
@@ -156,7 +217,7 @@ def test_fused_projections_keep_logits_and_greedy_output(tmp_path):
 
 def test_compaction_reference_gathers_before_writing():
     """Slots move even when a destination is another move's source (ranges overlap)."""
-    from engine.model import compact_reference
+    from engine.kernels.compact import compact_reference
 
     k = torch.arange(2 * 1 * 1 * 8 * 2, dtype=torch.float32).view(2, 1, 1, 8, 2)
     v = -k
@@ -166,3 +227,12 @@ def test_compaction_reference_gathers_before_writing():
     compact_reference(k, v, src, dst)
     assert torch.equal(k[:, 0, 0, :4], before[:, 0, 0, [0, 2, 3, 5]])
     assert torch.equal(v, -k) and torch.equal(k[:, 0, 0, 4:], before[:, 0, 0, 4:])
+
+
+def test_cache_is_sized_to_the_request_not_the_context(tmp_path):
+    make_hf_model(tmp_path, "llama", n_kv=2, ctx=4096)
+    eng = engine.load(tmp_path, heads=random_heads_sd(), device="cpu")
+    eng.generate(prompt(1, 10), 20, mode="medusa", tree="mc_sim_7b_63")
+    assert eng.model.cache.capacity == 256  # 10 + 20 + 64 nodes, rounded up to 256; the context is 4096
+    eng.generate(prompt(1, 10), 600, mode="ar")
+    assert eng.model.cache.capacity == 768

@@ -5,6 +5,7 @@ import torch
 from conftest import make_hf_model, random_heads_sd
 
 import engine
+import trees
 from engine.prompts import heldout_prompts
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -80,29 +81,51 @@ def test_graphed_random_weight_model_equals_eager_ar(tmp_path, n_kv):
     assert [r.token_ids for r in batched] == want
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_pointwise_ops_match_eager(dtype):
-    from engine import fused
+def test_graphed_oracle_long_paths_equal_ar(tmp_path):
+    """Oracle drafts (tests/conftest.py): full-depth paths through non-first children, every step, in
+    graphs with the fused kernels, batched too."""
+    from conftest import oracle_heads, oracle_steps
 
-    g = torch.Generator(device="cuda").manual_seed(0)
+    make_hf_model(tmp_path, "llama", n_kv=2, ctx=512)
+    eng = engine.load(tmp_path, heads=random_heads_sd(), device="cuda", dtype="float32")
+    prompts = [[1, 5, 9], list(range(3, 40))]
+    rank = lambda p, k: (p + 2 * k) % 3  # noqa: E731
+    eng.heads = oracle_heads(eng, prompts, 90, 5, rank)
+    want = [eng.generate(p, 90, mode="ar").token_ids for p in prompts]
+    for tree in ("mc_sim_7b_63", trees.kary(3, 4)):
+        for p, w in zip(prompts, want):
+            r = eng.generate(p, 90, mode="medusa", tree=tree)
+            assert r.token_ids == w and r.steps == oracle_steps(trees.resolve(tree), 90, 5, rank)
+        assert [r.token_ids for r in eng.generate(prompts, 90, mode="medusa", tree=tree)] == want
+    assert eng.graphs.captures > 0
 
-    def rnd(*shape, dt=dtype):
-        return torch.randn(*shape, device="cuda", generator=g).to(dt)
 
-    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
-    for shape in ((1, 1, 384), (3, 64, 4096)):
-        x, r, w = rnd(*shape), rnd(*shape), rnd(shape[-1])
-        torch.testing.assert_close(fused.op("rms_norm", True)(x, w, 1e-5), fused.rms_norm(x, w, 1e-5), **tol)
-        for a, b in zip(fused.op("add_rms_norm", True)(x, r, w, 1e-5), fused.add_rms_norm(x, r, w, 1e-5)):
-            torch.testing.assert_close(a, b, **tol)
-    q, k, cos, sin = rnd(2, 8, 9, 128), rnd(2, 2, 9, 128), rnd(2, 1, 9, 128), rnd(2, 1, 9, 128)
-    for a, b in zip(fused.op("rope", True)(q, k, cos, sin), fused.rope(q, k, cos, sin)):
-        torch.testing.assert_close(a, b, **tol)
-    gate, up = rnd(5, 896), rnd(5, 896)
-    torch.testing.assert_close(fused.op("silu_mul", True)(gate, up), fused.silu_mul(gate, up), **tol)
-    po, pl = rnd(6, 17, 48, 64, dt=torch.float32), rnd(6, 17, 48, dt=torch.float32)
-    pl[:, 3:9] = float("-inf")  # empty splits
-    torch.testing.assert_close(fused.op("merge_splits", True)(po, pl, dtype), fused.merge_splits(po, pl, dtype), **tol)
+def test_traced_graphs_run_at_engine_speed_shape_and_equal_eager_traces(eager):
+    """Traces are gathered inside the graph (one copy per step) and may be queued ahead: the same
+    records as an eager traced run, in one replay per step."""
+    eng = engine.load("demo", device="cuda", dtype="float32", backend="triton")
+    p = heldout_prompts(1)[0]
+    keys = ("accepted_tokens", "accepted_nodes", "node_tokens", "target_argmax", "accept_prob", "parent", "depth")
+    for mode in ("ar", "medusa"):
+        a = eager.generate(p, 60, mode=mode, tree="mc_sim_7b_63", trace=True).traces
+        b = eng.generate(p, 60, mode=mode, tree="mc_sim_7b_63", trace=True).traces
+        assert [[t[k] for k in keys if k in t] for t in a] == [[t[k] for k in keys if k in t] for t in b]
+        assert [[[c["token"] for c in h] for h in t["head_topk"]] for t in a] == \
+            [[[c["token"] for c in h] for h in t["head_topk"]] for t in b]
+
+
+def test_sdpa_graphs_are_captured_per_span_bucket():
+    """With sdpa a captured step reads a bounded span (SDPA reads every slot it is given): a long run
+    crosses buckets, captures a graph per bucket, and still equals eager AR."""
+    from engine.graphs import SDPA_BUCKET
+
+    eng = engine.load("demo", device="cuda", dtype="float32", backend="sdpa")
+    ref = engine.load("demo", device="cuda", dtype="float32", backend="sdpa", cuda_graphs=False)
+    p = heldout_prompts(1)[0]
+    want = ref.generate(p, 700, mode="ar", stop_on_eos=False).token_ids
+    assert eng.generate(p, 700, mode="medusa", tree="demo_tuned", stop_on_eos=False).token_ids == want
+    spans = {key[-1] for key in eng.graphs.graphs}
+    assert len(spans) >= 2 and all(s % SDPA_BUCKET == 0 or s == eng.model.cache.capacity for s in spans)
 
 
 def test_queued_steps_with_requests_finishing_at_different_steps(eager):

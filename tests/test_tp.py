@@ -38,7 +38,8 @@ def worker(rank, world, rdv, cases, out_dir):
         result = {}
         for name, path in cases:
             eng = engine.load(path, device="cpu", dtype="float32", tp=TP(rank, world))
-            result[name] = {"bytes": eng.model.weight_bytes_read, **decode_all(eng, case_prompts(name))}
+            _, _, nbytes = load_base(engine.loading.resolve_model_dir(path), "cpu", torch.float32, TP(rank, world))
+            result[name] = {"bytes": nbytes, **decode_all(eng, case_prompts(name))}
         (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
     finally:
         torch.distributed.destroy_process_group()
@@ -73,7 +74,7 @@ def test_tp2_equals_tp1_and_reads_only_its_slices(cases, tmp_path):
             for key in f.keys():
                 t = f.get_slice(key)
                 n = torch.Size(t.get_shape()).numel() * {"F32": 4, "F16": 2, "BF16": 2}[t.get_dtype()]
-                split, whole = (split + n, whole) if shard_dim(engine.loading._strip(key)) is not None else (split, whole + n)
+                split, whole = (split + n, whole) if shard_dim(engine.loading.strip_prefix(key)) is not None else (split, whole + n)
         assert split > 0
         assert [r[name]["bytes"] for r in ranks] == [whole + split // 2] * 2
 

@@ -193,41 +193,111 @@ def _vectors(seed, n=200, heads=3, topk=3):
     return out
 
 
+def _run(vectors):
+    """A Run whose rank vectors are `vectors` (one AR step per vector; heads' top-3 made to match)."""
+    n = len(vectors)
+    stream = list(range(100, 100 + n))  # distinct tokens, so a rank names exactly one token
+    tokens = [[t] for t in stream]
+    heads = []
+    for i, v in enumerate(vectors):
+        step = []
+        for k, r in enumerate(v):
+            top = [-1 - j for j in range(3)]
+            if r is not None and i + 1 + k < n:
+                top[r] = stream[i + 1 + k]
+            step.append(top)
+        heads.append(step)
+    return trees.Run(header={"mode": "ar"}, tokens=tokens, head_tokens=heads, accepted=[1] * n)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
-def test_empirical_optimiser_beats_every_tree(seed):
+def test_position_optimiser_beats_every_tree(seed):
     vec = _vectors(seed)
     for n in range(1, 5):
-        best = trees.best_tree_empirical(vec, n, topk=3, max_depth=3)
-        brute = max(trees.expected_empirical(t, vec) for t in _all_trees(3, 3, n))
-        assert trees.expected_empirical(best, vec) == pytest.approx(brute)
+        best = trees.best_tree_position(vec, n, topk=3, max_depth=3)
+        brute = max(trees.expected_position(t, [vec]) for t in _all_trees(3, 3, n))
+        assert trees.expected_position(best, [vec]) == pytest.approx(brute)
 
 
-def test_empirical_estimate_replays_logged_steps():
-    # a hand-made run: two heads, top-3, the stream is what was accepted
-    steps = [
-        {"step": 0, "accepted_tokens": [5, 6], "head_topk": [[{"token": 6}, {"token": 9}], [{"token": 1}, {"token": 7}]]},
-        {"step": 1, "accepted_tokens": [7], "head_topk": [[{"token": 3}, {"token": 8}], [{"token": 4}, {"token": 2}]]},
-        {"step": 2, "accepted_tokens": [8, 4], "head_topk": [[{"token": 4}, {"token": 1}], [{"token": 0}, {"token": 0}]]},
-    ]
-    vec = trees.rank_vectors(steps)
-    # step 0: next tokens 6 (head0 rank 0), 7 (head1 rank 1); step 1: 8 (rank 1), 4 (rank 0); step 2: 4 (rank 0)
-    assert vec == [[0, 1], [1, 0], [0]]
-    assert trees.accepted_lengths([[0], [0, 1]], vec) == [2, 0, 1]
-    assert trees.expected_empirical([[0], [1], [1, 0]], vec) == pytest.approx(1 + (1 + 2 + 1) / 3)
-    hs = trees.head_stats(vec, 2, topk=2)
-    assert hs.counts == [[2, 1], [1, 1]] and hs.totals == [3, 2]
-    lo, hi = trees.bootstrap_interval([[0]], vec, samples=200)
-    assert lo <= trees.expected_empirical([[0]], vec) <= hi
+def test_replay_walks_step_starts():
+    """Hand-made rank vectors: the walk visits positions 0, 2, 3, 6 (a run of 7 tokens: 4 steps)."""
+    vec = [[0, 1], [1, 1], [None], [0, 0], [0], [0], []]
+    run = _run(vec)
+    assert run.vectors == [[0, 1], [1, 1], [None], [0, 0], [0], [0], []]
+    tree = [[0], [0, 1], [1]]
+    # pos 0: [0, 1] kept (2) -> pos 3; [0, 0]: [0] kept (1) -> pos 5; [0] kept -> pos 7: 3 steps for 7 tokens
+    assert trees.expected_replay(tree, [run]) == pytest.approx(7 / 3)
+    # the position-averaged estimate counts every position: L = 2, 1, 0, 1, 1, 1, 0
+    assert trees.expected_position(tree, [run]) == pytest.approx(1 + 6 / 7)
+    est = trees.estimate(tree, [run, _run(vec[:4])], "replay", samples=200)
+    assert est.runs == 2 and est.ci95[0] <= est.value <= est.ci95[1]
 
 
-def test_select_size_and_diff():
-    acc = [[0.6, 0.2, 0.1], [0.5, 0.2, 0.1]]
-    choice = trees.select_size(lambda n: trees.expected_independent(trees.best_tree_independent(acc, n), acc),
-                               [(1, 10.0), (8, 10.0), (64, 40.0)], range(1, 7))
-    assert choice.nodes == 6  # flat latency: bigger is better
-    d = trees.diff([[0], [1]], [[0], [0, 0]], acc)
-    assert d.added == [[0, 0]] and d.removed == [[1]] and d.kept == 1
-    assert d.delta_expected == pytest.approx(0.6 * 0.5 - 0.2)
+def _random_runs(seed, n_runs=12, length=60, heads=3):
+    g = torch.Generator().manual_seed(seed)
+    runs = []
+    for _ in range(n_runs):
+        vec = []
+        for _i in range(length):
+            v = []
+            for _k in range(heads):  # correlated heads: after a miss, later heads miss more often
+                r = int(torch.randint(0, 5, (1,), generator=g))
+                v.append(None if r >= 3 or (v and v[-1] is None and r > 0) else r)
+            vec.append(v)
+        runs.append(_run(vec))
+    return runs
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_replay_optimiser_never_loses_to_its_seed_and_matches_brute_force_when_small(seed):
+    runs = _random_runs(seed)
+    for n in (2, 3):
+        tree, log = trees.optimize_replay(runs, n, topk=3, max_depth=3)
+        assert log.steps <= log.seed_steps and len(tree) == n
+        brute = max(trees.expected_replay(t, runs) for t in _all_trees(3, 3, n))
+        assert trees.expected_replay(tree, runs) == pytest.approx(brute)
+    tree, log = trees.optimize_replay(runs, 12, topk=3, max_depth=3)
+    assert log.steps <= log.seed_steps
+    assert trees.expected_replay(tree, runs) >= trees.expected_replay(trees.best_tree_position(runs, 12, 3, 3), runs)
+
+
+def test_cross_validation_reports_held_out_replay():
+    runs = _random_runs(3)
+    cv = trees.cross_validate(runs, 6, "replay", folds=3, topk=3, max_depth=3)
+    assert len(cv["per_fold"]) == 3 and 1 <= cv["heldout_tokens_per_step"] <= 4 and len(cv["tree"]) == 6
+
+
+def test_bootstrap_is_over_runs():
+    """Ten copies of one run: resampling whole runs gives no spread at all (it would over positions)."""
+    run = _random_runs(4, n_runs=1)[0]
+    est = trees.estimate([[0], [0, 0]], [run] * 10, "replay", samples=100)
+    assert est.ci95[0] == est.ci95[1] == pytest.approx(est.value)
+    mixed = trees.estimate([[0], [0, 0]], _random_runs(5), "replay", samples=200)
+    assert mixed.ci95[0] < mixed.value < mixed.ci95[1]
+
+
+def test_step_start_estimator_from_accept_probs():
+    tree = [[0], [1], [0, 0]]
+    run = trees.Run(header={"mode": "medusa", "acceptance": "sample"}, tokens=[[1, 2], [3]], head_tokens=[[], []],
+                    accepted=[2, 1], accept_prob=[[None, 0.5, 0.2, 0.4], [None, 1.0, 0.0, 0.0]], tree=tree)
+    # step 1: 1 + 0.5 + 0.2 + 0.5*0.4; step 2: 1 + 1
+    assert trees.expected_step_start(tree, [run]) == pytest.approx((1.9 + 2.0) / 2)
+    assert trees.expected_step_start([[0]], [run]) == pytest.approx((1.5 + 2.0) / 2)  # a subtree
+    with pytest.raises(ValueError, match="not in the tree the run decoded with"):
+        trees.expected_step_start([[2]], [run])
+
+
+def test_select_size_uses_measured_sizes_only():
+    points = trees.latency_points({"points": [{"nodes": 0, "step_ms": 5.0}, {"nodes": 8, "step_ms": 9.0},
+                                              {"nodes": 16, "step_ms": 10.0}]})
+    choice = trees.select_size(lambda n: 1 + n / 8, points)
+    assert choice.nodes == 16 and choice.runner_up == 8 and [c["nodes"] for c in choice.curve] == [0, 8, 16]
+    assert choice.margin == pytest.approx((3 / 10) / (2 / 9) - 1, abs=1e-3)
+    assert trees.latency_points([[1, 5.0], [9, 9.0]]) == {0: {"step_ms": 5.0, "ci95": None}, 8: {"step_ms": 9.0, "ci95": None}}
+    with pytest.raises(ValueError, match="latency point"):
+        trees.latency_points([[1, 5], [2, "x"]])
+    d = trees.diff([[0], [1]], [[0], [0, 0]], lambda t: len(t))
+    assert d.added == [[0, 0]] and d.removed == [[1]] and d.kept == 1 and d.delta_expected == 0
 
 
 def test_cli(tmp_path, capsys):

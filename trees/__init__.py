@@ -4,20 +4,59 @@ Needs only torch and the standard library; imports nothing from engine/ or workb
 """
 
 from .buffers import TreeBuffers, buffers, pack_mask_bits
-from .estimate import accepted_lengths, bootstrap_interval, expected_empirical, expected_independent, path_probability
-from .io import TreeFile, from_counts, load_tree, parse_tree, save_tree, to_trtllm, to_vllm
-from .optimize import best_tree_empirical, best_tree_independent, diff, select_size
+from .estimate import (
+    ESTIMATORS,
+    Estimate,
+    Replay,
+    estimate,
+    expected_independent,
+    expected_position,
+    expected_replay,
+    expected_step_start,
+    path_probability,
+)
+from .io import (
+    JsonInputError,
+    TreeFile,
+    from_counts,
+    load_tree,
+    parse_json,
+    parse_tree,
+    read_json_file,
+    read_text_file,
+    save_tree,
+    to_trtllm,
+    to_vllm,
+)
+from .optimize import (
+    SizeChoice,
+    best_tree,
+    best_tree_independent,
+    best_tree_position,
+    cross_validate,
+    diff,
+    latency_points,
+    optimize_replay,
+    select_size,
+)
 from .presets import DEFAULT_TREE, chain, kary, names, preset, register
-from .stats import HeadStats, head_stats, rank_vectors, rank_vectors_from_file, read_traces, split_runs
-from .tree import TreeError, sort_paths, validate
+from .stats import HeadStats, Run, TraceError, ar_runs, head_stats, rank_vectors, read_runs, run_of_steps
+from .tree import MAX_DEPTH, MAX_NODES, MAX_TOPK, TreeError, sort_paths, validate
 
 
 def resolve(tree: object, topk: int = 10, num_heads: int | None = None) -> list[list[int]]:
-    """A preset name, a path to a JSON file, a schema-1 dict or a list of paths -> validated paths."""
+    """A preset name, a JSON file, inline JSON text, a schema-1 dict or a list of paths -> validated
+    paths (None: the default tree). Files and dicts are checked against their own topk and
+    num_heads first, then everything against the caller's."""
     import os
 
     if tree is None:
         tree = DEFAULT_TREE
+    if isinstance(tree, str) and tree.lstrip().startswith(("[", "{")):  # inline JSON (never Python)
+        try:
+            tree = parse_json(tree, "tree")
+        except JsonInputError as e:
+            raise TreeError(str(e)) from None
     if isinstance(tree, (str, os.PathLike)):
         s = os.fspath(tree)
         if s.endswith(".json") or os.path.sep in s or os.path.exists(s):
@@ -30,10 +69,12 @@ def resolve(tree: object, topk: int = 10, num_heads: int | None = None) -> list[
 
 
 __all__ = [
-    "TreeBuffers", "TreeError", "TreeFile", "HeadStats", "DEFAULT_TREE",
-    "accepted_lengths", "best_tree_empirical", "best_tree_independent", "bootstrap_interval", "buffers",
-    "chain", "diff", "expected_empirical", "expected_independent", "from_counts", "head_stats", "kary",
-    "load_tree", "names", "pack_mask_bits", "parse_tree", "path_probability", "preset", "rank_vectors",
-    "rank_vectors_from_file", "read_traces", "register", "resolve", "save_tree", "select_size",
-    "sort_paths", "split_runs", "to_trtllm", "to_vllm", "validate",
+    "DEFAULT_TREE", "ESTIMATORS", "MAX_DEPTH", "MAX_NODES", "MAX_TOPK", "Estimate", "HeadStats", "JsonInputError",
+    "Replay", "Run", "SizeChoice", "TraceError", "TreeBuffers", "TreeError", "TreeFile",
+    "ar_runs", "best_tree", "best_tree_independent", "best_tree_position", "buffers", "chain", "cross_validate",
+    "diff", "estimate", "expected_independent", "expected_position", "expected_replay", "expected_step_start",
+    "from_counts", "head_stats", "kary", "latency_points", "load_tree", "names", "optimize_replay",
+    "pack_mask_bits", "parse_json", "parse_tree", "path_probability", "preset", "rank_vectors", "read_json_file",
+    "read_runs", "read_text_file", "register", "resolve", "run_of_steps", "save_tree", "select_size",
+    "sort_paths", "to_trtllm", "to_vllm", "validate",
 ]

@@ -1,29 +1,44 @@
-"""`python -m trees validate|show|stats|optimize|export|diff`."""
+"""`python -m trees validate|show|stats|optimize|experiment|export|diff` (docs/estimators.md).
+
+Every user error is one `error: ...` line and exit status 2; a bug says `internal error` (exit 1).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from . import (
+    JsonInputError,
+    TraceError,
     TreeError,
     TreeFile,
-    best_tree_empirical,
-    best_tree_independent,
-    bootstrap_interval,
+    ar_runs,
+    best_tree,
+    cross_validate,
     diff,
-    expected_empirical,
-    expected_independent,
+    estimate,
     head_stats,
+    latency_points,
     load_tree,
-    rank_vectors_from_file,
+    read_json_file,
+    read_runs,
     resolve,
     save_tree,
     select_size,
     to_trtllm,
     to_vllm,
+    validate,
 )
+from .estimate import Replay
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        sys.stderr.write(f"error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(2)
 
 
 def draw(choices: list[list[int]]) -> str:
@@ -35,83 +50,207 @@ def draw(choices: list[list[int]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trees")
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _sizes(text: str) -> list[int]:
+    return [_positive(x) for x in text.split(",") if x.strip()]
+
+
+def _ar(path: str) -> list:
+    runs = ar_runs(read_runs(path))
+    if not runs:
+        raise TraceError(f"{path}: no AR runs with head top-k (collect them with `python -m engine collect-traces`)")
+    return runs
+
+
+def _estimates(tree, runs, samples: int, replay=None) -> dict:
+    return {e: estimate(tree, runs, e, samples=samples, replay=replay).to_json() for e in ("replay", "position", "independent")}
+
+
+def cmd_validate(a) -> None:
+    tf = load_tree(a.file)
+    topk = a.topk if a.topk is not None else tf.topk
+    num_heads = a.num_heads if a.num_heads is not None else tf.num_heads
+    try:
+        validate(tf.medusa_choices, topk=topk, num_heads=num_heads)
+    except TreeError as e:
+        raise TreeError(f"{a.file}: {e}") from None
+    print(f"{a.file}: ok, {len(tf.medusa_choices)} nodes, depth {max(len(x) for x in tf.medusa_choices)}, topk {topk}")
+
+
+def cmd_stats(a) -> None:
+    runs = _ar(a.traces)
+    vec = [v for r in runs for v in r.vectors]
+    out = {"runs": len(runs), "steps": len(vec), **head_stats(vec).to_json()}
+    if a.tree:
+        out["estimates"] = _estimates(resolve(a.tree), runs, a.samples)
+    print(json.dumps(out))
+
+
+def cmd_optimize(a) -> None:
+    runs = _ar(a.traces)
+    n = a.nodes
+    size = None
+    if a.latency:
+        try:
+            points = latency_points(read_json_file(a.latency))
+        except JsonInputError as e:
+            raise ValueError(str(e)) from None
+        rp = Replay(runs)
+        trees_of: dict[int, list[list[int]]] = {}
+
+        def e_of(k: int) -> float:
+            trees_of[k] = best_tree(runs, k, a.method, replay=rp) if a.method == "replay" else best_tree(runs, k, a.method)
+            return estimate(trees_of[k], runs, "replay", samples=0, replay=rp).value
+
+        size = select_size(e_of, points, a.nodes)
+        if size.nodes == 0:
+            raise ValueError(f"AR is fastest on this latency curve ({size.tokens_per_s} tokens/s predicted): no tree "
+                             "pays; not writing one")
+        n = size.nodes
+    t = best_tree(runs, n, a.method)
+    est = estimate(t, runs, "replay", samples=a.samples)
+    extra = {"estimate": est.to_json()}
+    if a.folds:
+        extra["cross_validated"] = {k: v for k, v in cross_validate(runs, n, a.method, a.folds).items() if k != "tree"}
+    if size is not None:
+        extra["size_choice"] = {"nodes": size.nodes, "predicted_tokens_per_s": size.tokens_per_s,
+                                "margin_over_runner_up": size.margin, "runner_up": size.runner_up, "curve": size.curve}
+    tf = TreeFile(t, num_heads=max(len(p) for p in t), name=a.name, expected_accepted=round(est.value, 4),
+                  estimator="replay", source=f"python -m trees optimize --traces {a.traces} --nodes {a.nodes} "
+                  f"--method {a.method}", extra=extra)
+    save_tree(tf, a.out, overwrite=a.overwrite)
+    print(json.dumps({"out": a.out, "nodes": len(t), "expected_accepted": tf.expected_accepted, **extra}))
+
+
+def _parse_tree_spec(spec: str) -> tuple[str, list[list[int]], str | None]:
+    """'TREE' or 'TREE:MEASURED.jsonl' (TREE a preset or a tree file)."""
+    name, _, measured = spec.partition(":")
+    return name, resolve(name), measured or None
+
+
+def cmd_experiment(a) -> None:
+    tune, test = _ar(a.traces_tune), _ar(a.traces_test)
+    rp_tune, rp_test = Replay(tune), Replay(test)
+    out: dict = {"tune": {"runs": len(tune), "tokens": rp_tune.tokens()},
+                 "test": {"runs": len(test), "tokens": rp_test.tokens()}, "trees": {}}
+    for spec in a.tree:
+        name, tree, measured_file = _parse_tree_spec(spec)
+        row: dict = {"nodes": len(tree)}
+        if measured_file:
+            runs = [r for r in read_runs(measured_file) if r.mode == "medusa"]
+            if not runs:
+                raise TraceError(f"{measured_file}: no Medusa runs")
+            if any(r.tree and sorted(map(tuple, r.tree)) != sorted(map(tuple, tree)) for r in runs):
+                raise ValueError(f"{measured_file}: its runs decoded with another tree than {name}")
+            tokens, steps = sum(r.n_tokens for r in runs), sum(r.n_steps for r in runs)
+            row["measured"] = {"tokens_per_step": round(tokens / steps, 4), "runs": len(runs), "tokens": tokens}
+        row["from_test_traces"] = _estimates(tree, test, a.samples, rp_test)
+        row["from_tune_traces"] = _estimates(tree, tune, a.samples, rp_tune)
+        if "measured" in row:
+            m = row["measured"]["tokens_per_step"]
+            row["error_pct"] = {e: {"in_sample": round(100 * (row["from_test_traces"][e]["value"] / m - 1), 2),
+                                    "heldout": round(100 * (row["from_tune_traces"][e]["value"] / m - 1), 2)}
+                                for e in ("replay", "position", "independent")}
+        # prompts per set for a 3 % held-out replay error at 95 %: scale the bootstrap half-widths
+        half = [(est["ci95"][1] - est["ci95"][0]) / 2 / est["value"] for est in
+                (row["from_test_traces"]["replay"], row["from_tune_traces"]["replay"]) if est["ci95"]]
+        if len(half) == 2:
+            combined = math.sqrt(half[0] ** 2 + half[1] ** 2)
+            n_now = min(len(tune), len(test))
+            row["replay_heldout_halfwidth_pct"] = round(100 * combined, 2)
+            row["prompts_per_set_for_3pct"] = math.ceil(n_now * (combined / 0.03) ** 2)
+        out["trees"][name] = row
+    print(json.dumps(out))
+
+
+def cmd_diff(a) -> None:
+    ta, tb = resolve(a.a), resolve(a.b)
+    est = None
+    if a.traces:
+        rp = Replay(_ar(a.traces))
+
+        def est(t):
+            return rp.tokens() / rp.steps({tuple(p) for p in t})
+
+    dd = diff(ta, tb, est)
+    print(json.dumps({"added": dd.added, "removed": dd.removed, "kept": dd.kept, "delta_expected_replay": dd.delta_expected}))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="python -m trees", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
-    v = sub.add_parser("validate")
+    v = sub.add_parser("validate", help="check a tree file against every rule (its own topk/num_heads unless given)")
     v.add_argument("file")
-    v.add_argument("--topk", type=int, default=10)
-    v.add_argument("--num-heads", type=int, default=None)
-    s = sub.add_parser("show")
-    s.add_argument("tree", help="preset name or JSON file")
-    st = sub.add_parser("stats")
+    v.add_argument("--topk", type=_positive, default=None)
+    v.add_argument("--num-heads", type=_positive, default=None)
+    s = sub.add_parser("show", help="draw a tree")
+    s.add_argument("tree", help="preset name, JSON file or inline JSON")
+    st = sub.add_parser("stats", help="head accuracies; with --tree, its tokens/step by every estimator")
     st.add_argument("traces")
-    st.add_argument("--tree", default=None, help="also estimate this tree's E")
-    o = sub.add_parser("optimize")
+    st.add_argument("--tree", default=None)
+    st.add_argument("--samples", type=int, default=1000, help="bootstrap resamples over runs")
+    o = sub.add_parser("optimize", help="the best tree of --nodes nodes for these traces")
     o.add_argument("--traces", required=True)
-    o.add_argument("--nodes", type=int, default=64)
-    o.add_argument("--estimator", choices=["empirical", "independent"], default="empirical")
-    o.add_argument("--latency", default=None, help="JSON [[nodes, ms], ...]: choose the size by E(n)/t(n) up to --nodes")
+    o.add_argument("--nodes", type=_positive, default=64)
+    o.add_argument("--method", choices=["replay", "position", "independent"], default="replay",
+                   help="objective: replay (exact for greedy; local search), or best-first under the position-averaged "
+                        "or independent estimate")
+    o.add_argument("--latency", default=None,
+                   help="`bench --part latency` JSON: choose the size (up to --nodes) by replayed E(n)/t(n) at measured sizes")
+    o.add_argument("--folds", type=int, default=0, help="also report k-fold held-out tokens/step")
+    o.add_argument("--samples", type=int, default=1000)
     o.add_argument("--name", default="optimised")
     o.add_argument("--out", required=True)
     o.add_argument("--overwrite", action="store_true")
-    e = sub.add_parser("export")
+    x = sub.add_parser("experiment", help="measured vs predicted tokens/step per tree and estimator, in and out of sample")
+    x.add_argument("--traces-tune", required=True, help="AR traces of the prompts trees are tuned on")
+    x.add_argument("--traces-test", required=True, help="AR traces of other prompts of the same kind")
+    x.add_argument("--tree", action="append", required=True, metavar="TREE[:MEASURED.jsonl]",
+                   help="a preset or tree file, with the Medusa-run traces of it on the test prompts")
+    x.add_argument("--samples", type=int, default=1000)
+    e = sub.add_parser("export", help="print a tree for another engine")
     e.add_argument("tree")
     e.add_argument("--to", choices=["trtllm", "vllm", "json"], required=True)
-    d = sub.add_parser("diff")
+    d = sub.add_parser("diff", help="what going from tree A to tree B adds and removes")
     d.add_argument("a")
     d.add_argument("b")
-    d.add_argument("--traces", default=None)
-    a = p.parse_args(argv)
+    d.add_argument("--traces", default=None, help="AR traces: also the change in replayed tokens/step")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     try:
         if a.cmd == "validate":
-            tf = load_tree(a.file)
-            from .tree import validate as _v
-
-            _v(tf.medusa_choices, topk=a.topk, num_heads=a.num_heads)
-            print(f"{a.file}: ok, {len(tf.medusa_choices)} nodes, depth {max(len(x) for x in tf.medusa_choices)}")
+            cmd_validate(a)
         elif a.cmd == "show":
             print(draw(resolve(a.tree)))
         elif a.cmd == "stats":
-            vec = rank_vectors_from_file(a.traces)
-            hs = head_stats(vec)
-            out = {"steps": len(vec), **hs.to_json()}
-            if a.tree:
-                t = resolve(a.tree)
-                out["expected_independent"] = expected_independent(t, hs.accuracy())
-                out["expected_empirical"] = expected_empirical(t, vec)
-                out["expected_empirical_ci95"] = bootstrap_interval(t, vec)
-            print(json.dumps(out))
+            cmd_stats(a)
         elif a.cmd == "optimize":
-            vec = rank_vectors_from_file(a.traces)
-            acc = head_stats(vec).accuracy()
-
-            def best(n):
-                return best_tree_empirical(vec, n) if a.estimator == "empirical" else best_tree_independent(acc, n)
-
-            def est(t):
-                return expected_empirical(t, vec) if a.estimator == "empirical" else expected_independent(t, acc)
-
-            n = a.nodes
-            if a.latency:
-                curve = json.loads(open(a.latency).read())
-                n = select_size(lambda k: est(best(k)), [tuple(x) for x in curve], range(1, a.nodes + 1)).nodes
-            t = best(n)
-            tf = TreeFile(t, num_heads=len(acc), name=a.name, expected_accepted=round(est(t), 4),
-                          estimator=a.estimator, source=f"python -m trees optimize --traces {a.traces} --nodes {a.nodes}")
-            save_tree(tf, a.out, overwrite=a.overwrite)
-            print(json.dumps({"out": a.out, "nodes": len(t), "expected_accepted": tf.expected_accepted}))
+            cmd_optimize(a)
+        elif a.cmd == "experiment":
+            cmd_experiment(a)
         elif a.cmd == "export":
             t = resolve(a.tree)
             print({"trtllm": to_trtllm, "vllm": to_vllm, "json": json.dumps}[a.to](t))
         elif a.cmd == "diff":
-            ta, tb = resolve(a.a), resolve(a.b)
-            acc = head_stats(rank_vectors_from_file(a.traces)).accuracy() if a.traces else None
-            dd = diff(ta, tb, acc)
-            print(json.dumps({"added": dd.added, "removed": dd.removed, "kept": dd.kept, "delta_expected": dd.delta_expected}))
-    except (TreeError, FileExistsError, ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
+            cmd_diff(a)
+    except (TreeError, TraceError, JsonInputError, FileExistsError, ValueError, OSError) as err:
+        sys.stderr.write(f"error: {' '.join(str(err).splitlines())}\n")
         return 2
+    except Exception as err:  # a bug
+        sys.stderr.write(f"internal error: {type(err).__name__}: {err} (a bug: please report it with the command line)\n")
+        return 1
     return 0
 
 

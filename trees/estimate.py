@@ -1,17 +1,36 @@
-"""Expected tokens per step of a tree: E = 1 + sum over non-root nodes of P(path correct).
+"""Expected tokens per step of a tree, from traces (docs/estimators.md says which to trust when).
 
-Two estimators: under independence (product of per-head rank accuracies along the path) and
-empirically (replaying logged steps: a tree accepts, on each step, the longest of its paths that is
-a prefix of that step's rank vector).
+  replay       (greedy; the default) Walk each AR run as Medusa would: at position i the tree keeps
+               L(i) tokens beyond the root (its longest path that is a prefix of i's rank vector),
+               and the next step starts at i + 1 + L(i). Greedy Medusa output equals AR output and
+               the heads at a step start see the same prefix as AR did there, so this is exactly the
+               tokens/step a real run of the tree on those prompts measures. Pooled over runs:
+               tokens / steps, the figure a benchmark reports.
+  position     1 + the mean of L(i) over every position. Biased high: a real run evaluates the heads
+               only at step starts, which follow rejections and are harder than the average
+               position (+6 to +16 % on the demo model).
+  independent  1 + sum over nodes of the product of per-head rank accuracies along the path. Heads
+               are correlated (independence understates joint paths) and the accuracies are
+               position-averaged (overstating): the two errors partly cancel, by luck.
+  step-start   (typical / sample) From a Medusa run's traces: at each step, sum over the tree's nodes
+               of the product of the acceptance rule's per-node probabilities along the path
+               (`accept_prob`), + 1. Exact in expectation at the run's own step starts; the tree must
+               be a subtree of the one that ran.
+Intervals are percentile bootstraps over runs (whole prompts), never over positions: acceptance
+along a text is autocorrelated (lag-1 0.60 on the demo model), so positions are not independent.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from .stats import RankVector
-from .tree import validate
+from .stats import RankVector, Run, head_stats
+from .tree import MAX_TOPK, validate
+
+Path = tuple[int, ...]
+ESTIMATORS = ("replay", "position", "independent", "step-start")
 
 
 def path_probability(path: Sequence[int], acc: Sequence[Sequence[float]]) -> float:
@@ -22,46 +41,162 @@ def path_probability(path: Sequence[int], acc: Sequence[Sequence[float]]) -> flo
 
 
 def expected_independent(choices: Sequence[Sequence[int]], acc: Sequence[Sequence[float]]) -> float:
-    return 1.0 + sum(path_probability(p, acc) for p in validate(choices, topk=_topk(choices, acc)))
+    return 1.0 + sum(path_probability(p, acc) for p in validate(choices, topk=MAX_TOPK))
 
 
-def _topk(choices: Sequence[Sequence[int]], acc: Sequence[Sequence[float]]) -> int:
-    return max([len(a) for a in acc] + [max(p) + 1 for p in choices if p] + [1])
-
-
-def accepted_lengths(choices: Sequence[Sequence[int]], vectors: Sequence[RankVector]) -> list[int]:
-    """Per logged step, how many tree tokens (beyond the root) this tree would have accepted."""
-    nodes = {tuple(p) for p in choices}
-    out = []
-    for v in vectors:
-        n = 0
-        while n < len(v) and v[n] is not None and tuple(v[: n + 1]) in nodes:
-            n += 1
-        out.append(n)
+def _prefixes(v: RankVector) -> list[Path]:
+    out, p = [], ()
+    for r in v:
+        if r is None:
+            break
+        p = p + (r,)
+        out.append(p)
     return out
 
 
-def expected_empirical(choices: Sequence[Sequence[int]], vectors: Sequence[RankVector]) -> float:
-    if not vectors:
-        raise ValueError("no logged steps to estimate from")
-    lengths = accepted_lengths(choices, vectors)
-    return 1.0 + sum(lengths) / len(lengths)
+def accepted_length(tree: set[Path], chain: Sequence[Path]) -> int:
+    """Tokens beyond the root the tree keeps at a position whose rank-vector prefixes are `chain`."""
+    n = 0
+    for p in chain:
+        if p not in tree:
+            break
+        n += 1
+    return n
 
 
-def bootstrap_interval(
-    choices: Sequence[Sequence[int]],
-    vectors: Sequence[RankVector],
-    samples: int = 1000,
-    level: float = 0.95,
-    seed: int = 0,
-) -> tuple[float, float]:
-    """Percentile bootstrap over logged steps for the empirical E."""
-    lengths = accepted_lengths(choices, vectors)
-    if not lengths:
-        raise ValueError("no logged steps to estimate from")
+class Replay:
+    """Rank-vector prefixes of every position of every run, precomputed so one tree is scored by a
+    walk over its step starts only (about N / E lookups for N positions)."""
+
+    def __init__(self, runs: Sequence[Run] | Sequence[Sequence[RankVector]]):
+        self.chains = [[_prefixes(v) for v in (r.vectors if isinstance(r, Run) else r)] for r in runs]
+        if not any(self.chains):
+            raise ValueError("no logged AR steps to estimate from (collect AR traces with head top-k)")
+
+    def walk(self, tree: set[Path]) -> list[tuple[int, int]]:
+        """(tokens, steps) of each run under the tree."""
+        out = []
+        for chains in self.chains:
+            n, i, steps = len(chains), 0, 0
+            while i < n:
+                steps += 1
+                i += 1 + accepted_length(tree, chains[i])
+            out.append((n, steps))
+        return out
+
+    def steps(self, tree: set[Path]) -> int:
+        return sum(s for _, s in self.walk(tree))
+
+    def tokens(self) -> int:
+        return sum(len(c) for c in self.chains)
+
+    def lengths(self, tree: set[Path]) -> list[tuple[int, int]]:
+        """(sum of L(i) over positions, positions) of each run: the position-averaged estimator."""
+        return [(sum(accepted_length(tree, c) for c in chains), len(chains)) for chains in self.chains]
+
+
+def _tree_set(choices: Sequence[Sequence[int]]) -> set[Path]:
+    return {tuple(p) for p in validate(choices, topk=MAX_TOPK)}
+
+
+def expected_replay(choices: Sequence[Sequence[int]], runs) -> float:
+    rp = runs if isinstance(runs, Replay) else Replay(runs)
+    return rp.tokens() / rp.steps(_tree_set(choices))
+
+
+def expected_position(choices: Sequence[Sequence[int]], runs) -> float:
+    rp = runs if isinstance(runs, Replay) else Replay(runs)
+    per = rp.lengths(_tree_set(choices))
+    return 1.0 + sum(a for a, _ in per) / max(1, sum(n for _, n in per))
+
+
+def step_start_values(choices: Sequence[Sequence[int]], run: Run) -> list[float]:
+    """Per step of a Medusa run: expected tokens the tree `choices` keeps (see the module docstring)."""
+    if not run.tree or len(run.accept_prob) != run.n_steps:
+        raise ValueError("the step-start estimator needs Medusa-run traces with accept_prob")
+    index = {tuple(p): i + 1 for i, p in enumerate(validate(run.tree, topk=MAX_TOPK))}
+    wanted = [tuple(p) for p in validate(choices, topk=MAX_TOPK)]
+    missing = [list(p) for p in wanted if p not in index]
+    if missing:
+        raise ValueError(f"path {missing[0]} is not in the tree the run decoded with; the step-start estimator "
+                         "only scores subtrees of it")
+    out = []
+    for probs in run.accept_prob:
+        reach = {(): 1.0}
+        total = 1.0
+        for p in wanted:  # Medusa order: parents first
+            reach[p] = reach[p[:-1]] * (probs[index[p]] or 0.0)
+            total += reach[p]
+        out.append(total)
+    return out
+
+
+def expected_step_start(choices: Sequence[Sequence[int]], runs: Sequence[Run]) -> float:
+    values = [v for r in runs for v in step_start_values(choices, r)]
+    if not values:
+        raise ValueError("no logged Medusa steps to estimate from")
+    return sum(values) / len(values)
+
+
+@dataclass
+class Estimate:
+    value: float
+    ci95: tuple[float, float] | None
+    estimator: str
+    runs: int
+    positions: int
+
+    def to_json(self) -> dict:
+        return {"value": round(self.value, 4), "ci95": [round(x, 4) for x in self.ci95] if self.ci95 else None,
+                "estimator": self.estimator, "runs": self.runs, "positions": self.positions}
+
+    def describe(self) -> str:
+        ci = f" (95% CI {self.ci95[0]:.2f}-{self.ci95[1]:.2f} over prompts)" if self.ci95 else ""
+        return f"{self.value:.3f} tokens/step, {self.estimator} estimator on {self.runs} runs / {self.positions} steps{ci}"
+
+
+def _bootstrap(per_run: Sequence, stat: Callable[[Sequence], float], samples: int, seed: int) -> tuple[float, float] | None:
+    if len(per_run) < 2 or samples < 1:
+        return None
     rng = random.Random(seed)
-    n = len(lengths)
-    means = sorted(1.0 + sum(rng.choices(lengths, k=n)) / n for _ in range(samples))
-    lo = means[int((1 - level) / 2 * (samples - 1))]
-    hi = means[int((1 + level) / 2 * (samples - 1))]
-    return lo, hi
+    vals = sorted(stat(rng.choices(per_run, k=len(per_run))) for _ in range(samples))
+    return vals[int(0.025 * (samples - 1))], vals[int(0.975 * (samples - 1))]
+
+
+def estimate(choices: Sequence[Sequence[int]], runs: Sequence[Run], estimator: str = "replay",
+             samples: int = 1000, seed: int = 0, replay: Replay | None = None) -> Estimate:
+    """One estimator's E with a bootstrap interval over runs. `replay`: a prebuilt Replay of `runs`."""
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {estimator!r}; choose from {', '.join(ESTIMATORS)}")
+    if estimator == "step-start":
+        per_run = [step_start_values(choices, r) for r in runs]
+        per_run = [v for v in per_run if v]
+        if not per_run:
+            raise ValueError("no logged Medusa steps to estimate from")
+
+        def stat(rs):
+            return sum(sum(v) for v in rs) / sum(len(v) for v in rs)
+
+        return Estimate(stat(per_run), _bootstrap(per_run, stat, samples, seed), estimator, len(per_run),
+                        sum(len(v) for v in per_run))
+    rp = replay or Replay(runs)
+    tree = _tree_set(choices)
+    positions = rp.tokens()
+    if estimator == "replay":
+        per_run = [x for x in rp.walk(tree) if x[0]]
+
+        def stat(rs):
+            return sum(t for t, _ in rs) / sum(s for _, s in rs)
+    elif estimator == "position":
+        per_run = [x for x in rp.lengths(tree) if x[1]]
+
+        def stat(rs):
+            return 1.0 + sum(a for a, _ in rs) / sum(n for _, n in rs)
+    else:
+        vecs = [r.vectors if isinstance(r, Run) else r for r in runs]
+        per_run = [v for v in vecs if v]
+        depth = max(len(p) for p in tree)
+
+        def stat(rs):
+            return expected_independent(choices, head_stats([v for r in rs for v in r], depth, topk=MAX_TOPK).accuracy())
+    return Estimate(stat(per_run), _bootstrap(per_run, stat, samples, seed), estimator, len(per_run), positions)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,56 @@ from pathlib import Path as FsPath
 from .tree import TreeError, as_lists, depth, validate
 
 SCHEMA_VERSION = 1
+MAX_JSON_BYTES = 16 * 2**20  # tree, trace-line, latency and config files are far smaller
+
+
+class JsonInputError(ValueError):
+    """A JSON file or text that cannot be used: unreadable, too large, not JSON, nested too deep."""
+
+
+def parse_json(text: str, where: str, max_bytes: int = MAX_JSON_BYTES) -> object:
+    """json.loads with the failures users cause turned into one-line JsonInputErrors naming `where`:
+    size over max_bytes, syntax errors, and nesting deep enough to exhaust the parser's recursion."""
+    if not isinstance(text, str):
+        raise JsonInputError(f"{where}: expected JSON text, got {type(text).__name__}")
+    if len(text) > max_bytes:
+        raise JsonInputError(f"{where}: {len(text)} characters, more than the {max_bytes} allowed")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise JsonInputError(f"{where}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except RecursionError:
+        raise JsonInputError(f"{where}: JSON nested too deeply to read") from None
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
+        raise JsonInputError(f"{where}: {str(e).splitlines()[0][:200]}") from None
+
+
+def read_text_file(path: str | os.PathLike, max_bytes: int = MAX_JSON_BYTES) -> str:
+    """A regular UTF-8 file of at most max_bytes: FIFOs, devices and directories are refused before
+    opening (reading a FIFO would block), so a bad path is an error, never a hang."""
+    p = FsPath(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise JsonInputError(f"{p}: no such file") from None
+    except OSError as e:
+        raise JsonInputError(f"{p}: cannot read ({e.strerror or e})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise JsonInputError(f"{p}: is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise JsonInputError(f"{p}: not a regular file (a FIFO or device is refused)")
+    if st.st_size > max_bytes:
+        raise JsonInputError(f"{p}: {st.st_size} bytes, more than the {max_bytes} allowed")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise JsonInputError(f"{p}: not UTF-8 text") from None
+    except OSError as e:
+        raise JsonInputError(f"{p}: cannot read ({e.strerror or e})") from None
+
+
+def read_json_file(path: str | os.PathLike, max_bytes: int = MAX_JSON_BYTES) -> object:
+    return parse_json(read_text_file(path, max_bytes), str(path), max_bytes)
 
 
 @dataclass
@@ -86,15 +137,9 @@ def load_tree(path: str | os.PathLike) -> TreeFile:
     """Read a tree file; a missing, corrupt or invalid file raises TreeError naming the file."""
     p = FsPath(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TreeError(f"{p}: no such tree file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise TreeError(f"{p}: cannot read tree file ({e})") from None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise TreeError(f"{p}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+        obj = read_json_file(p)
+    except JsonInputError as e:
+        raise TreeError(str(e)) from None
     try:
         return parse_tree(obj, where=str(p))
     except TreeError as e:

@@ -1,73 +1,203 @@
-"""Head statistics from step traces (the JSON lines the engine writes with --trace).
+"""Runs and head statistics from step traces (the JSON lines `python -m engine ... --trace` writes).
 
-The key quantity per logged step is its rank vector: for head k, the rank at which the token that
+A trace file holds runs: a header line, then one line per step (docs/trace-schema.md). Each line is
+checked as it is read, and a bad one is an error naming the file and line. A `Run` keeps only what
+the estimators read: per step the committed tokens, each head's top-k token ids, the accepted node
+count, and (Medusa runs) the acceptance rule's per-node probabilities.
+
+The key quantity per AR step is its rank vector: for head k, the rank at which the token that
 really came next (k+1 places after the step's root) sat in head k's top-k, or None. Under greedy
-decoding a tree path is accepted exactly when it is a prefix of the step's rank vector, so every
-estimator and the empirical optimiser work from these vectors alone.
+decoding a tree path is accepted exactly when it is a prefix of the step's rank vector.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from .io import JsonInputError, parse_json
+from .tree import MAX_DEPTH
 
 RankVector = list[int | None]
+MAX_TRACE_LINE = 8 * 2**20  # one step of a 511-node tree with texts is well under 1 MB
 
 
-def read_traces(path: str | os.PathLike) -> list[dict]:
-    """All JSON objects of a trace file; a broken line is an error naming file and line."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-    return rows
+class TraceError(ValueError):
+    """A trace file or trace line that cannot be used; the message names the file and line."""
 
 
-def split_runs(rows: Iterable[dict]) -> list[list[dict]]:
-    """Group step records into runs: a header, or a step numbered 0, starts a new run."""
-    runs: list[list[dict]] = []
-    for row in rows:
-        if row.get("type") == "header":
-            runs.append([])
+@dataclass
+class Run:
+    """One decoded prompt, as its trace recorded it."""
+
+    header: dict = field(default_factory=dict)
+    tokens: list[list[int]] = field(default_factory=list)  # committed per step
+    head_tokens: list[list[list[int]]] = field(default_factory=list)  # per step, per head: top-k ids
+    accepted: list[int] = field(default_factory=list)  # accepted tree nodes per step (root included)
+    accept_prob: list[list[float | None]] = field(default_factory=list)  # per step, per node (when recorded)
+    tree: list[list[int]] | None = None  # the tree the run decoded with (Medusa runs)
+    _vectors: list[RankVector] | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def mode(self) -> str:
+        return self.header.get("mode") or ("medusa" if self.tree else "ar")
+
+    @property
+    def acceptance(self) -> str:
+        return self.header.get("acceptance", "greedy")
+
+    @property
+    def vectors(self) -> list[RankVector]:
+        if self._vectors is None:
+            self._vectors = rank_vectors_of(self.tokens, self.head_tokens)
+        return self._vectors
+
+
+def _ints(x: object, what: str) -> list[int]:
+    if not isinstance(x, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in x):
+        raise TraceError(f"{what} must be a list of integers")
+    return x
+
+
+def _step(obj: dict) -> tuple[list[int], list[list[int]], int, list | None, list | None]:
+    """Check one step record and keep what the estimators read."""
+    tokens = _ints(obj.get("accepted_tokens"), "'accepted_tokens'")
+    nodes = obj.get("accepted_nodes", [0] * max(1, len(tokens)))
+    _ints(nodes, "'accepted_nodes'")
+    heads = obj.get("head_topk") or []
+    if not isinstance(heads, list) or len(heads) > MAX_DEPTH:
+        raise TraceError("'head_topk' must be a list of at most one list per head")
+    head_tokens = []
+    for h in heads:
+        if not isinstance(h, list) or not all(isinstance(c, dict) and isinstance(c.get("token"), int) for c in h):
+            raise TraceError("'head_topk' entries must be lists of {'token': int, ...}")
+        head_tokens.append([c["token"] for c in h])
+    probs = obj.get("accept_prob")
+    if probs is not None and (not isinstance(probs, list) or
+                              not all(p is None or (isinstance(p, (int, float)) and 0 <= p <= 1) for p in probs)):
+        raise TraceError("'accept_prob' must be a list of probabilities (null for the root)")
+    tree = obj.get("tree")
+    if tree is not None and not (isinstance(tree, list) and all(isinstance(p, list) for p in tree)):
+        raise TraceError("'tree' must be a list of paths")
+    return tokens, head_tokens, len(nodes), probs, tree
+
+
+def iter_trace_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
+    """(line number, object) of every non-empty line, each checked to be a JSON object."""
+    try:
+        f = open(path, encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such trace file") from None
+    except IsADirectoryError:
+        raise TraceError(f"{path}: is a directory, not a trace file") from None
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read ({e.strerror or e})") from None
+    if not os.path.isfile(path):
+        f.close()
+        raise TraceError(f"{path}: not a regular file (a FIFO or device is refused)")
+    with f:
+        try:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = parse_json(line, f"{path}:{n}", MAX_TRACE_LINE)
+                except JsonInputError as e:
+                    raise TraceError(str(e)) from None
+                if not isinstance(obj, dict):
+                    raise TraceError(f"{path}:{n}: a trace line must be a JSON object")
+                yield n, obj
+        except UnicodeDecodeError:
+            raise TraceError(f"{path}: not UTF-8 text") from None
+
+
+def read_runs(path: str | os.PathLike) -> list[Run]:
+    """Every run of a trace file. A header line, or a step numbered 0, starts a run; a batched run's
+    steps (with a `request` field) are split per request."""
+    runs: list[Run] = []
+    by_request: dict[int, Run] = {}
+    header: dict = {}
+    for n, obj in iter_trace_lines(path):
+        if obj.get("type") == "header":
+            header, by_request = obj, {}
             continue
-        if "accepted_tokens" not in row:
-            continue
-        if not runs or (row.get("step") == 0 and runs[-1]):
-            runs.append([])
-        runs[-1].append(row)
-    return [r for r in runs if r]
+        if "accepted_tokens" not in obj:
+            raise TraceError(f"{path}:{n}: neither a header nor a step (no 'accepted_tokens')")
+        try:
+            tokens, head_tokens, accepted, probs, tree = _step(obj)
+        except TraceError as e:
+            raise TraceError(f"{path}:{n}: {e}") from None
+        req = obj.get("request", 0)
+        if not isinstance(req, int) or isinstance(req, bool):
+            raise TraceError(f"{path}:{n}: 'request' must be an integer")
+        run = by_request.get(req)
+        if run is None or obj.get("step") == 0 and run.tokens:
+            run = by_request[req] = Run(header=header)
+            runs.append(run)
+        run.tokens.append(tokens)
+        run.head_tokens.append(head_tokens)
+        run.accepted.append(accepted)
+        if probs is not None:
+            run.accept_prob.append(probs)
+        if tree:
+            run.tree = tree
+    return [r for r in runs if r.tokens]
 
 
-def rank_vectors(steps: Sequence[dict]) -> list[RankVector]:
+def rank_vectors_of(tokens: Sequence[Sequence[int]], head_tokens: Sequence[Sequence[Sequence[int]]]) -> list[RankVector]:
     """Rank vectors of one run's steps (see the module docstring)."""
     stream: list[int] = []
     starts: list[int] = []
-    for s in steps:
+    for t in tokens:
         starts.append(len(stream))
-        stream.extend(s["accepted_tokens"])
+        stream.extend(t)
     out: list[RankVector] = []
-    for s, start in zip(steps, starts):
+    for heads, start in zip(head_tokens, starts):
         vec: RankVector = []
-        for k, top in enumerate(s.get("head_topk") or []):
+        for k, top in enumerate(heads):
             pos = start + k + 1
             if pos >= len(stream):
                 break  # the run ended before this head's target was produced: unknown, not wrong
-            tokens = [c["token"] for c in top]
-            vec.append(tokens.index(stream[pos]) if stream[pos] in tokens else None)
+            vec.append(top.index(stream[pos]) if stream[pos] in top else None)
         out.append(vec)
     return out
 
 
-def rank_vectors_from_file(path: str | os.PathLike) -> list[RankVector]:
-    return [v for run in split_runs(read_traces(path)) for v in rank_vectors(run)]
+def rank_vectors(steps: Sequence[dict]) -> list[RankVector]:
+    """Rank vectors of one run given as step-trace dicts (what the engine's stream yields)."""
+    return rank_vectors_of([s["accepted_tokens"] for s in steps],
+                           [[[c["token"] for c in h] for h in (s.get("head_topk") or [])] for s in steps])
+
+
+def run_of_steps(steps: Sequence[dict], header: dict | None = None) -> Run:
+    """A Run from step-trace dicts (the workbench keeps these in memory)."""
+    run = Run(header=dict(header or {}))
+    for s in steps:
+        tokens, head_tokens, accepted, probs, tree = _step(s)
+        run.tokens.append(tokens)
+        run.head_tokens.append(head_tokens)
+        run.accepted.append(accepted)
+        if probs is not None:
+            run.accept_prob.append(probs)
+        if tree:
+            run.tree = tree
+    return run
+
+
+def ar_runs(runs: Iterable[Run]) -> list[Run]:
+    """The runs whose every step committed one token with the heads' top-k logged (AR traces): the
+    input of the replay estimator and the optimiser."""
+    return [r for r in runs if r.mode == "ar" and all(a == 1 for a in r.accepted) and any(r.head_tokens)]
 
 
 def wilson(successes: int, total: int, z: float = 1.96) -> tuple[float, float]:

@@ -10,7 +10,8 @@ from collections.abc import Iterable, Sequence
 
 Path = tuple[int, ...]
 MAX_DEPTH = 64  # far beyond any head count in use; bounds the work a hostile tree can cause
-MAX_PATHS = 8192
+MAX_NODES = 511  # candidates one step verifies, the root aside; a bigger step costs more than it can win
+MAX_TOPK = 1024
 
 
 class TreeError(ValueError):
@@ -32,20 +33,23 @@ def _as_path(raw: object, index: int) -> Path:
 
 
 def validate(choices: Iterable[object], topk: int = 10, num_heads: int | None = None) -> list[Path]:
-    """Check every rule and return the paths in Medusa's node order (sorted by (len, path)).
+    """Check every rule (docs/tree-format.md) and return the paths in Medusa's node order, sorted by
+    (len, path). The one validator: the trees CLI, the engine, and the app's editor and save use it.
 
     >>> validate([[0, 0], [0], [1]])
     [(0,), (1,), (0, 0)]
     """
     if isinstance(choices, (str, bytes, dict)) or not isinstance(choices, Iterable):
         raise TreeError(f"a tree must be a list of paths, got {type(choices).__name__}")
-    if topk < 1:
-        raise TreeError(f"topk must be at least 1, got {topk}")
+    if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= MAX_TOPK:
+        raise TreeError(f"topk must be an integer in [1, {MAX_TOPK}], got {topk!r}")
+    if num_heads is not None and (isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1):
+        raise TreeError(f"num_heads must be a positive integer, got {num_heads!r}")
     paths: list[Path] = []
     seen: set[Path] = set()
     for i, raw in enumerate(choices):
-        if i >= MAX_PATHS:
-            raise TreeError(f"the tree has more than {MAX_PATHS} paths")
+        if i >= MAX_NODES:
+            raise TreeError(f"the tree has more than {MAX_NODES} nodes (the most one step verifies)")
         p = _as_path(raw, i)
         if len(p) > MAX_DEPTH:
             raise TreeError(f"path #{i}: depth {len(p)} exceeds the limit of {MAX_DEPTH}")
@@ -58,6 +62,8 @@ def validate(choices: Iterable[object], topk: int = 10, num_heads: int | None = 
             raise TreeError(f"path {list(p)}: duplicate path")
         seen.add(p)
         paths.append(p)
+    if not paths:
+        raise TreeError("the tree is empty: it needs at least one path, e.g. [[0]]")
     for p in paths:
         for d in range(1, len(p)):
             if p[:d] not in seen:

@@ -211,8 +211,8 @@ class Workbench:
         if not 1 <= nodes <= 256:
             return "", f"✗ nodes must be between 1 and 256, got {nodes}"
         if estimator == "empirical":
-            t = trees.best_tree_empirical(vec, nodes, max_depth=self.engine.num_heads)
-            e = trees.expected_empirical(t, vec)
+            t = trees.best_tree_position(vec, nodes, max_depth=self.engine.num_heads)
+            e = trees.expected_position(t, [vec])
         else:
             acc = trees.head_stats(vec, self.engine.num_heads).accuracy()
             t = trees.best_tree_independent(acc, nodes)
@@ -227,7 +227,7 @@ class Workbench:
         except UserError as e:
             return f"✗ {e}"
         vec = list(self.rank_log)
-        predicted = trees.expected_empirical(choices, vec) if vec else None
+        predicted = trees.expected_position(choices, [vec]) if vec else None
         tokens = steps = 0
         with self.lock:
             for p in heldout_prompts(int(n_prompts)):

@@ -1,44 +1,58 @@
-"""KV compaction of the accepted tree path, every layer and both caches in one Triton launch.
+"""KV compaction of the accepted tree path: the torch reference, and every layer in one Triton launch.
 
 After a tree step the accepted nodes' K/V sit at scattered slots `start + node`; they move to
-`start + 0..kept-1`. The reference is `engine.model.compact_reference` (two gathers and two scatters
-plus their index arithmetic, about eight launches; it is also the CPU path). Here one program per
-(layer, request, KV head) loads all of its source rows before storing any, so sources and
-destinations may overlap, and programs never touch each other's rows. Indices are read on the
-device, so it runs inside a captured CUDA graph.
+`start + 0..kept-1` (docs/algorithm.md). Sources and destinations may overlap (node 3 -> slot 2
+while node 2 -> slot 1), so every source is read before any destination is written.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs use the reference
+    triton = None
 
 
-@triton.jit
-def _compact(K, V, Src, Dst, B, H, n,
-             skl, skb, skh, sks, svl, svb, svh, svs,
-             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr):
-    pid = tl.program_id(0)  # (layer, request, head), head fastest
-    h = pid % H
-    b = (pid // H) % B
-    layer = pid // (H * B)
-    i = tl.arange(0, BLOCK_N)
-    d = tl.arange(0, BLOCK_D)
-    ok = i < n
-    src = tl.load(Src + b * n + i, mask=ok, other=0)
-    dst = tl.load(Dst + b * n + i, mask=ok, other=0)
-    tile = ok[:, None] & (d[None, :] < D)
-    k_base = K + layer * skl + b * skb + h * skh
-    v_base = V + layer * svl + b * svb + h * svh
-    k = tl.load(k_base + src[:, None] * sks + d[None, :], mask=tile)
-    v = tl.load(v_base + src[:, None] * svs + d[None, :], mask=tile)
-    tl.store(k_base + dst[:, None] * sks + d[None, :], k, mask=tile)
-    tl.store(v_base + dst[:, None] * svs + d[None, :], v, mask=tile)
+def compact_reference(k: torch.Tensor, v: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """k, v [L, B_cap, H, S, D]; src, dst [B, n]: slot src[b, i] -> dst[b, i] of request b in every
+    layer and head, as two gathers then two scatters. A row may repeat its last pair as padding."""
+    rows = torch.arange(src.shape[0], device=src.device)[:, None]
+    gathered_k, gathered_v = k[:, rows, :, src], v[:, rows, :, src]  # [B, n, L, H, D]
+    k[:, rows, :, dst] = gathered_k
+    v[:, rows, :, dst] = gathered_v
+
+
+if triton is not None:
+
+    @triton.jit
+    def _compact(K, V, Src, Dst, B, H, n,
+                 skl, skb, skh, sks, svl, svb, svh, svs,
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr):
+        pid = tl.program_id(0)  # (layer, request, head), head fastest
+        h = pid % H
+        b = (pid // H) % B
+        layer = pid // (H * B)
+        i = tl.arange(0, BLOCK_N)
+        d = tl.arange(0, BLOCK_D)
+        ok = i < n
+        src = tl.load(Src + b * n + i, mask=ok, other=0)
+        dst = tl.load(Dst + b * n + i, mask=ok, other=0)
+        tile = ok[:, None] & (d[None, :] < D)
+        k_base = K + layer * skl + b * skb + h * skh
+        v_base = V + layer * svl + b * svb + h * svh
+        k = tl.load(k_base + src[:, None] * sks + d[None, :], mask=tile)  # all sources of this program first
+        v = tl.load(v_base + src[:, None] * svs + d[None, :], mask=tile)
+        tl.store(k_base + dst[:, None] * sks + d[None, :], k, mask=tile)
+        tl.store(v_base + dst[:, None] * svs + d[None, :], v, mask=tile)
 
 
 def compact(k: torch.Tensor, v: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """`engine.model.compact_reference` in one launch (CUDA tensors; the last dim of k and v contiguous)."""
+    """`compact_reference` in one launch: one program per (layer, request, KV head) holds all of its
+    rows before storing any, and programs never touch each other's rows. Indices are read on the
+    device, so it runs inside a captured CUDA graph. CUDA tensors; the head dim contiguous."""
     n_layers, _, heads, _, d = k.shape
     b, n = src.shape
     if k.stride(-1) != 1 or v.stride(-1) != 1:

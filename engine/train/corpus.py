@@ -1,40 +1,21 @@
 """The demo model's training text, rebuilt offline: the running interpreter's standard library.
 
 Every `*.py` file under `sysconfig.get_paths()["stdlib"]` (site-packages excluded) that decodes as
-UTF-8, in sorted order. A file is held out when sha1 of its relative path is 0 mod 40 (~2.5%), so
-the split is by file and stable across machines with the same Python. Text is PSF-licensed.
+UTF-8, in sorted order; held out as `engine.prompts.is_heldout` says (by file, stable across
+machines with the same Python). Text is PSF-licensed.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sysconfig
 from pathlib import Path
 
 import numpy as np
 
+from ..prompts import is_heldout, stdlib_files
+
 EOT = "<|endoftext|>"
-HELDOUT_MOD = 40
-
-
-def stdlib_files(root: Path | None = None) -> list[tuple[str, str]]:
-    """(relative path, text) of every UTF-8 `.py` file of the standard library."""
-    root = Path(root or sysconfig.get_paths()["stdlib"])
-    out = []
-    for p in sorted(root.rglob("*.py")):
-        rel = p.relative_to(root).as_posix()
-        if "site-packages" in rel or "dist-packages" in rel:
-            continue
-        try:
-            out.append((rel, p.read_bytes().decode("utf-8")))
-        except (UnicodeDecodeError, OSError):
-            continue  # not valid UTF-8 (a few test fixtures): skipped by design
-    return out
-
-
-def is_heldout(rel: str) -> bool:
-    return int(hashlib.sha1(rel.encode()).hexdigest(), 16) % HELDOUT_MOD == 0
 
 
 def train_tokenizer(texts: list[str], vocab_size: int = 8192):
@@ -73,7 +54,3 @@ def build(out_dir: str | Path, vocab_size: int = 8192, root: Path | None = None)
         stats[f"{name}_bytes"] = sum(len(t.encode()) for t in texts)
     (out / "stats.json").write_text(json.dumps(stats, indent=1))
     return stats
-
-
-def load_tokens(path: str | Path) -> np.ndarray:
-    return np.fromfile(str(path), dtype=np.uint16)

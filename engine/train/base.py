@@ -8,7 +8,7 @@ Gloeckle et al. 2024 and Medusa-2's joint stage): K Medusa-shaped heads learn th
 t+2..t+K+1 from the last hidden state, weighted `future_weight` x 0.8^k. A base trained only for the
 next token keeps little about later tokens in that state, and Medusa-1 heads, which read only it,
 cannot recover what is not there. These heads are thrown away; the shipped ones are trained
-afterwards on the frozen base (train_heads.py).
+afterwards on the frozen base (train/heads.py).
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from .config import ModelArgs
-from .heads import MedusaHeads
-from .model import Transformer
-from .train_heads import head_loss
+from ..config import ModelArgs
+from ..heads import MedusaHeads
+from ..loading import build_model
+from ..model import Transformer
+from .data import get_batch
+from .heads import head_loss
 
 DEMO_SHAPE = dict(vocab_size=8192, dim=384, n_layers=5, n_heads=6, n_kv_heads=2, head_dim=64,
                   intermediate_size=896, norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=1024,
@@ -62,22 +64,13 @@ def init_weights(model: Transformer, std: float = 0.02) -> None:
             torch.nn.init.zeros_(p)
 
 
-def batches(tokens: np.ndarray, batch: int, seq: int, device, gen: np.random.Generator):
-    while True:
-        starts = gen.integers(0, len(tokens) - seq - 1, size=batch)
-        x = np.stack([tokens[s : s + seq + 1] for s in starts]).astype(np.int64)
-        t = torch.from_numpy(x).to(device, non_blocking=True)
-        yield t[:, :-1], t[:, 1:]
-
-
 @torch.no_grad()
 def evaluate(model: Transformer, tokens: np.ndarray, seq: int, batch: int, device, n_batches: int = 8) -> float:
     model.eval()
     gen = np.random.default_rng(1234)
-    it = batches(tokens, batch, seq, device, gen)
     losses = []
     for _ in range(n_batches):
-        x, y = next(it)
+        x, y = get_batch(tokens, batch, seq, device, gen)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             h = model(x, torch.arange(seq, device=device), use_cache=False)
             loss = F.cross_entropy(model.lm_head(h).float().flatten(0, 1), y.flatten())
@@ -96,12 +89,12 @@ def train_base(data_dir: str | Path, out_dir: str | Path, minutes: float = 5.0, 
     train = np.fromfile(data_dir / "train.bin", dtype=np.uint16)
     held = np.fromfile(data_dir / "heldout.bin", dtype=np.uint16)
     args = ModelArgs(**DEMO_SHAPE)
-    model = Transformer(args).to(dev)
+    model = build_model(args, device=dev)
     init_weights(model)
     aux = MedusaHeads(future_heads, 1, args.dim, None).to(dev) if future_heads else None
     params = list(model.parameters()) + (list(aux.parameters()) if aux is not None else [])
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=dev.type == "cuda")
-    it = batches(train, batch, seq, dev, np.random.default_rng(seed))
+    rng = np.random.default_rng(seed)
     positions = torch.arange(seq, device=dev)
     warmup, total, step, t0 = 100, steps, 0, time.time()
     best = (float("inf"), None)
@@ -115,7 +108,7 @@ def train_base(data_dir: str | Path, out_dir: str | Path, minutes: float = 5.0, 
         cur_lr = lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(max(frac, 0), 1))))
         for g in opt.param_groups:
             g["lr"] = cur_lr
-        x, y = next(it)
+        x, y = get_batch(train, batch, seq, dev, rng)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             h = model(x, positions, use_cache=False)
             loss = F.cross_entropy(model.lm_head(h).float().flatten(0, 1), y.flatten())

@@ -19,34 +19,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from .heads import MedusaHeads
-from .loading import load_base, resolve_model_dir
-from .model import Transformer
+from ..heads import MedusaHeads
+from ..loading import load_base, resolve_model_dir
+from ..model import Transformer
+from .data import get_batch, read_training_tokens
 
 DECAY = 0.8
-
-
-def read_training_tokens(data: str | Path, model_dir: Path) -> np.ndarray:
-    """A uint16/uint32 `.bin`/`.npy` token file, or text (a file, or a folder of .txt/.py/.md files)."""
-    p = Path(data)
-    if p.suffix == ".npy":
-        return np.load(p).astype(np.int64)
-    if p.suffix == ".bin":
-        return np.fromfile(p, dtype=np.uint16).astype(np.int64)
-    files = sorted(f for f in p.rglob("*") if f.suffix in (".txt", ".py", ".md")) if p.is_dir() else [p]
-    if not files:
-        raise ValueError(f"{p}: no .txt/.py/.md files to train on")
-    from .engine import load_tokenizer
-
-    tok = load_tokenizer(model_dir)
-    if tok is None:
-        raise ValueError(f"{model_dir}: text data needs a tokenizer; pass a token file (.bin/.npy)")
-    ids: list[int] = []
-    for f in files:
-        ids.extend(tok.encode(f.read_text(encoding="utf-8", errors="replace")))
-        if tok.eos_token_id is not None:
-            ids.append(tok.eos_token_id)
-    return np.asarray(ids, dtype=np.int64)
 
 
 def head_loss(heads: MedusaHeads, base: Transformer, hidden: torch.Tensor, targets: torch.Tensor):
@@ -67,7 +45,7 @@ def evaluate_heads(heads, base, tokens: np.ndarray, seq: int, batch: int, device
     total = 0
     per1 = per5 = None
     for _ in range(n_batches):
-        x, y = _batch(tokens, batch, seq, device, rng)
+        x, y = get_batch(tokens, batch, seq, device, rng)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             hidden = base(x, torch.arange(seq, device=device), use_cache=False)
             _, logits, labels, _ = head_loss(heads, base, hidden, y)
@@ -84,7 +62,7 @@ def eval_heads(model: str, data: str, heads: str | None = None, seq: int = 256, 
                device: str | None = None) -> dict:
     """Per-head top-1/top-5 on any token file or text (e.g. real held-out text, where the
     self-distilled held-out numbers of `train_heads` read the model's own continuations)."""
-    from .engine import load
+    from ..engine import load
 
     eng = load(model, heads=heads if heads is not None else True, device=device, dtype="float32", cuda_graphs=False)
     tokens = read_training_tokens(data, resolve_model_dir(model))
@@ -93,16 +71,6 @@ def eval_heads(model: str, data: str, heads: str | None = None, seq: int = 256, 
     acc = evaluate_heads(eng.heads, eng.model, tokens, seq, batch, eng.device, n_batches)
     return {"model": str(model), "heads": eng.heads_source, "data": str(data), "positions": n_batches * batch *
             (seq - eng.heads.num_heads - 1), "heldout": acc}
-
-
-def _batch(tokens: np.ndarray, batch: int, seq: int, device, rng):
-    """Random windows of a flat token stream, or random rows of a [N, seq+1] array of sequences."""
-    if tokens.ndim == 2:
-        x = torch.from_numpy(tokens[rng.integers(0, len(tokens), size=batch)]).to(device)
-    else:
-        starts = rng.integers(0, len(tokens) - seq - 1, size=batch)
-        x = torch.from_numpy(np.stack([tokens[s : s + seq + 1] for s in starts]).astype(np.int64)).to(device)
-    return x[:, :-1], x[:, 1:]
 
 
 @torch.no_grad()
@@ -167,7 +135,7 @@ def train_heads(
     """
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model_dir = resolve_model_dir(model)
-    base, _ = load_base(model_dir, dev, torch.float32)
+    base, _, _ = load_base(model_dir, dev, torch.float32)
     base.requires_grad_(False)
     tokens = read_training_tokens(data, model_dir)
     if len(tokens) < seq + 2:
@@ -194,21 +162,23 @@ def train_heads(
     ckpt = out_path.with_name(out_path.name + ".ckpt.pt")
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    step, history, t0 = 0, [], time.time()
+    step, history, t0, total = 0, [], time.time(), steps
     if resume and ckpt.exists():
         state = torch.load(ckpt, map_location=dev, weights_only=True)
         heads.load_state_dict(state["heads"])
         opt.load_state_dict(state["opt"])
         step, history = int(state["step"]), json.loads(state["history"])
+        if total is None and int(state.get("total", 0)) > 0:  # a time-budgeted run continues its schedule
+            total = int(state["total"])
         rng = np.random.default_rng(seed + step)
         log(f"resumed from {ckpt} at step {step}")
     positions = torch.arange(seq, device=dev)
-    total = steps
+    timed_from = (step, time.time())  # --minutes: the step count is fixed after 20 timed steps of this run
     while total is None or step < total:
-        if total is None and step == 20:
-            per = (time.time() - t0) / 20
-            total = max(50, int((minutes or 1.0) * 60 / per))
-        x, y = _batch(train, batch, seq, dev, rng)
+        if total is None and step - timed_from[0] == 20:
+            per = (time.time() - timed_from[1]) / 20
+            total = timed_from[0] + max(50, int((minutes or 1.0) * 60 / per))
+        x, y = get_batch(train, batch, seq, dev, rng)
         with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             hidden = base(x, positions, use_cache=False)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
@@ -229,7 +199,7 @@ def train_heads(
             history.append({"step": step, "loss": loss.item(), "heldout": acc, "s": round(time.time() - t0, 1)})
             log("\n" + json.dumps(history[-1]))
             torch.save({"heads": heads.state_dict(), "opt": opt.state_dict(), "step": torch.tensor(step),
-                        "history": json.dumps(history)}, ckpt)
+                        "total": torch.tensor(total or 0), "history": json.dumps(history)}, ckpt)
     acc = history[-1]["heldout"] if history else evaluate_heads(heads, base, held, seq, batch, dev)
     save_heads(heads, out_path, {"base_model": model_dir.name, "steps": step, "self_distill": self_distill})
     report = {"steps": step, "seconds": time.time() - t0, "heldout": acc, "history": history, "out": str(out_path)}

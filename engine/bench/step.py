@@ -1,0 +1,134 @@
+"""bench --part step (CUDA): one decoding step at the Llama-2-7B (MHA) and Llama-3-8B (GQA, 128k
+vocabulary) shapes with random bf16 weights: our AR step and tree steps of 16/32/64 nodes (forward,
+lm_head, greedy verification, compaction, next heads) eager, replayed from a CUDA graph, and graphed
+with the fused kernels; against the weight-read floor and `transformers` generate on the same tensors.
+Our models are made by the engine's own factory (`loading.build_model` + `fill_model`)."""
+
+from __future__ import annotations
+
+import functools
+
+import trees
+
+from ..config import ModelArgs
+from ..decode import ar_step, prefill, tree_step
+from ..graphs import GREEDY, StepGraphs
+from ..heads import MedusaHeads
+from ..loading import build_model, fill_model
+from .common import copy_bandwidth, cuda_ms
+
+SHAPES = {
+    "llama2-7b": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096),
+    "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0),
+}
+TREE_SIZES = (16, 32, 64)
+HEAD_ACCURACY = [[0.6, 0.15, 0.08, 0.05, 0.03]] * 4  # shapes the benchmark trees (best-first under independence)
+
+
+def random_pair(shape: str, backend: str, fused: bool, hf=None):
+    """(transformers model with random bf16 weights on CUDA, our model sharing its tensors)."""
+    import torch
+    import transformers
+
+    cfg = transformers.LlamaConfig(**SHAPES[shape], tie_word_embeddings=False)
+    if hf is None:
+        with torch.device("cuda"):
+            hf = transformers.LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16).eval()
+    args = ModelArgs.from_hf_config({**cfg.to_dict(), "model_type": "llama"}, where=shape)
+    ours, _, _ = fill_model(build_model(args, backend=backend, fused=fused), hf.state_dict().items(), "cuda",
+                            torch.bfloat16, shape, share=True)
+    return hf, ours
+
+
+def run_step(shapes: list[str], prefix: int, backend: str) -> dict:
+    import torch
+
+    bw = copy_bandwidth()
+    out = {"copy_bandwidth_GBps": round(bw / 1e9, 1), "prefix": prefix, "backend": backend, "rows": []}
+    for name in shapes:
+        hf, plain = random_pair(name, backend, fused=False)
+        _, fused = random_pair(name, backend, fused=True, hf=hf)
+        dim = hf.config.hidden_size
+        heads = MedusaHeads(4, 1, dim, None).to("cuda", torch.bfloat16)
+        with torch.no_grad():
+            heads.weight.normal_(0, 0.01)
+        weight_bytes = sum(v.numel() * v.element_size() for k, v in hf.state_dict().items() if "embed_tokens" not in k)
+        floor_ms = weight_bytes / bw * 1e3
+        row = {"shape": name, "weight_GB": round(weight_bytes / 1e9, 2), "weight_floor_ms": round(floor_ms, 3)}
+        prompt = torch.randint(0, hf.config.vocab_size, (prefix,)).tolist()
+        tree_of = {n: trees.best_tree_independent(HEAD_ACCURACY, n) if n else None for n in (0, *TREE_SIZES)}
+        buf_of = {n: trees.buffers(c, topk=10).to("cuda") if n else None for n, c in tree_of.items()}
+        for variant, model, graphed in (("", plain, False), ("_graph", plain, True), ("_graph_fused", fused, True)):
+            model.setup_cache(1, prefix + 1024)
+            graphs = StepGraphs(model) if graphed else None
+            for n, choices in tree_of.items():
+                key, buf = ("ar" if n == 0 else f"tree_{n}"), buf_of[n]
+                state = prefill(model, heads if n else None, [prompt], GREEDY, None)
+
+                def step(graphs=graphs, n=n, choices=choices, buf=buf, state=state, model=model):
+                    if graphs is not None:
+                        return graphs.step(heads if n else None, buf, choices, state)
+                    if n:
+                        return tree_step(model, heads, buf, state, "greedy", GREEDY, None)
+                    return ar_step(model, None, state, GREEDY, None)
+
+                row[f"{key}{variant}_ms"] = round(cuda_ms(step), 3)
+                if variant == "_graph_fused" and n in (0, 64):
+                    # the same kernels launched eagerly, profiled: where the GPU time of a step goes
+                    state = prefill(model, heads if n else None, [prompt], GREEDY, None)
+                    row[f"{key}_kernels"] = kernel_breakdown(functools.partial(step, graphs=None, state=state))
+            model.cache = None
+        for v in ("", "_graph", "_graph_fused"):
+            row[f"ar{v}_over_floor"] = round(row[f"ar{v}_ms"] / floor_ms, 3)
+            for n in TREE_SIZES:
+                row[f"tree_{n}{v}_over_ar{v}"] = round(row[f"tree_{n}{v}_ms"] / row[f"ar{v}_ms"], 3)
+        ids = torch.tensor([prompt], device="cuda")
+
+        def hf_gen(new):
+            return lambda: hf.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+
+        with torch.inference_mode():
+            per_token = (cuda_ms(hf_gen(33), 5) - cuda_ms(hf_gen(1), 5)) / 32
+        row["transformers_generate_ms_per_token"] = round(per_token, 3)
+        row["transformers_over_ours_ar_graph_fused"] = round(per_token / row["ar_graph_fused_ms"], 3)
+        out["rows"].append(row)
+        hf = plain = fused = None  # free this shape's weights before the next
+        torch.cuda.empty_cache()
+    return out
+
+
+def kernel_breakdown(fn, steps: int = 5) -> dict:
+    """GPU time per step of fn's kernels by kind, from the profiler: what a captured step costs
+    once launch gaps are gone (their sum against the graph's time is the gap left)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    kinds: dict[str, list[float]] = {}
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None)
+        if us is None:
+            us = e.cuda_time_total
+        if us <= 0:  # host-side events (launch calls) carry no device time
+            continue
+        name = e.key.lower()
+        kind = ("gemm" if any(w in name for w in ("gemm", "gemv", "nvjet", "cutlass", "sm90", "splitk")) else
+                "attention" if "tree_attn" in name else
+                "fused (compiled)" if name.startswith("triton_") else
+                "index/copy" if any(w in name for w in ("index", "copy", "memcpy", "memset", "scatter", "gather", "cat"))
+                else "other")
+        k = kinds.setdefault(kind, [0.0, 0])
+        k[0] += us / steps / 1e3
+        k[1] += e.count / steps
+    total = sum(v[0] for v in kinds.values())
+    return {"kernel_ms": round(total, 3), "kernels": round(sum(v[1] for v in kinds.values())),
+            "by_kind": {k: {"ms": round(v[0], 3), "kernels": round(v[1])} for k, v in
+                        sorted(kinds.items(), key=lambda kv: -kv[1][0])}}
+

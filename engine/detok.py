@@ -1,0 +1,55 @@
+"""Incremental detokenisation: the text each step adds, with O(step) work and exact multi-byte text.
+
+Decoding the whole output after every step costs O(n) per step (0.55 ms at 900 tokens, more than a
+GPU AR step), and diffing two whole decodes breaks when a character's bytes span tokens: the first
+token alone decodes to U+FFFD, which the next decode replaces. Instead we decode a short window:
+the tokens of the last emitted piece (left context, so tokenizers that strip or merge at the start
+of a sequence see the same neighbours as in the whole text) plus the new ones, and emit what the
+window adds beyond its context. A window that ends in U+FFFD is an incomplete character: nothing is
+emitted until its last byte arrives (or the run ends, when `flush` emits the rest as the whole
+decode would). Joined, the pieces equal `tokenizer.decode(all_ids)` (tests/test_detok.py checks a
+byte-level BPE and a SentencePiece-style tokenizer on non-ASCII text).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self.skip = skip_special_tokens
+        self.ids: list[int] = []
+        self.context = 0  # ids[context:emitted] is the left context of the next window
+        self.emitted = 0  # ids[:emitted] are accounted for in the text returned so far
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        if self.tokenizer is None:  # token ids as text, space-separated (models without a tokenizer)
+            return " ".join(map(str, ids))
+        return self.tokenizer.decode(list(ids), skip_special_tokens=self.skip)
+
+    def push(self, ids: Sequence[int]) -> str:
+        """Add a step's tokens; return the text they complete (possibly '')."""
+        self.ids.extend(ids)
+        if self.tokenizer is None:
+            piece = (" " if self.emitted else "") + self._decode(self.ids[self.emitted:]) if ids else ""
+            self.emitted = len(self.ids)
+            return piece
+        before = self._decode(self.ids[self.context : self.emitted])
+        window = self._decode(self.ids[self.context :])
+        if len(window) <= len(before) or window.endswith(REPLACEMENT):
+            return ""  # an incomplete character, or nothing visible yet: wait for more tokens
+        self.context, self.emitted = self.emitted, len(self.ids)
+        return window[len(before) :]
+
+    def flush(self) -> str:
+        """At the end of a run: whatever is still held back (an unfinished character decodes as U+FFFD)."""
+        if self.emitted == len(self.ids) or self.tokenizer is None:
+            return ""
+        before = self._decode(self.ids[self.context : self.emitted])
+        window = self._decode(self.ids[self.context :])
+        self.context, self.emitted = self.emitted, len(self.ids)
+        return window[len(before) :]

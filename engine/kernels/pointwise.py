@@ -1,0 +1,94 @@
+"""The decoder's pointwise sublayers: torch references, and one Triton kernel each for the fused path.
+
+At batch 1 a 7B layer is a handful of weight-bound GEMVs plus pointwise work that eagerly is ~30
+tiny kernels (RMSNorm alone is seven), each a few microseconds whatever its size. Here the residual
+add and the next RMSNorm are one kernel, and SiLU(gate) * up is one kernel. The kernels round where
+the references round (transformers' order: add in the model dtype; normalise in fp32, cast back,
+then scale by the weight in the model dtype), so the fused path is tested against these references.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs use the references
+    triton = None
+
+
+# -- references -----------------------------------------------------------------------------------
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Normalise in float32, cast back, then scale (transformers' order)."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    """-> (x + residual, rms_norm(x + residual)): the residual add fused into the next norm."""
+    x = x + residual
+    return x, rms_norm_reference(x, weight, eps)
+
+
+def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    """[..., 2F] (gate then up, as the stacked GEMM writes them) -> SiLU(gate) * up [..., F]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+# -- kernels --------------------------------------------------------------------------------------
+if triton is not None:
+
+    @triton.jit
+    def _add_rms_norm(X, R, W, Y, n, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+        """One program per row: X += R (in X's dtype, in place), Y = W * rms_norm(X)."""
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        ok = cols < n
+        x = tl.load(X + row * n + cols, mask=ok, other=0.0)
+        if HAS_RES:
+            x = (x.to(tl.float32) + tl.load(R + row * n + cols, mask=ok, other=0.0).to(tl.float32)).to(x.dtype)
+            tl.store(X + row * n + cols, x, mask=ok)
+        xf = x.to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n + eps)
+        h = (xf * inv).to(x.dtype).to(tl.float32)
+        w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
+        tl.store(Y + row * n + cols, (w * h).to(Y.dtype.element_ty), mask=ok)
+
+    @triton.jit
+    def _silu_mul(GU, Y, f, BLOCK: tl.constexpr):
+        """One program per (row, block of features): Y = SiLU(gate) * up, rounding as torch does."""
+        row = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = cols < f
+        gate = tl.load(GU + row * 2 * f + cols, mask=ok, other=0.0)
+        up = tl.load(GU + row * 2 * f + f + cols, mask=ok, other=0.0).to(tl.float32)
+        g = gate.to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+        tl.store(Y + row * f + cols, (act * up).to(Y.dtype.element_ty), mask=ok)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    """`add_rms_norm_reference` (or `rms_norm_reference` when residual is None) in one launch.
+    x is updated in place by the residual add; returns (x, normed)."""
+    n = x.shape[-1]
+    rows = x.numel() // n
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    _add_rms_norm[(rows,)](x, residual.contiguous() if residual is not None else x, weight, y, n, eps,
+                           HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n),
+                           num_warps=8 if n >= 2048 else 4)
+    return x, y
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    f = gate_up.shape[-1] // 2
+    rows = gate_up.numel() // (2 * f)
+    gate_up = gate_up.contiguous()
+    y = torch.empty(*gate_up.shape[:-1], f, device=gate_up.device, dtype=gate_up.dtype)
+    block = min(2048, triton.next_power_of_2(f))
+    _silu_mul[(rows, triton.cdiv(f, block))](gate_up, y, f, BLOCK=block)
+    return y

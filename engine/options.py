@@ -1,0 +1,94 @@
+"""Command-line options declared once: how to load a model, and every GenerationConfig field.
+
+`python -m engine generate|collect-traces|bench|spec-bench` and `app.py` add these to their parsers,
+so a flag means the same thing (and is checked the same way) everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+
+from .generation import GenerationConfig
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
+    return v
+
+
+def add_model_arguments(p: argparse.ArgumentParser, heads: bool = True) -> None:
+    p.add_argument("--model", default="demo", help="model directory, a cached hub id, or 'demo'")
+    if heads:
+        p.add_argument("--heads", default=None, help="heads file (default: found beside the model)")
+        p.add_argument("--no-heads", action="store_true", help="load no Medusa heads")
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="default: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--backend", default=None, choices=["sdpa", "triton"],
+                   help="attention backend (default: triton on CUDA, sdpa elsewhere)")
+    p.add_argument("--max-seq-len", type=positive_int, default=None, help="cap the context (default: the model's)")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="replay greedy steps from CUDA graphs with fused kernels (default: on with CUDA)")
+
+
+def load_from_arguments(a: argparse.Namespace, tp=None, device=None):
+    """engine.load with the options of add_model_arguments (tp/device: from torchrun, if any)."""
+    from . import load
+    from .tp import SINGLE
+
+    heads = False if getattr(a, "no_heads", False) else getattr(a, "heads", None)
+    return load(a.model, heads=heads, device=device or a.device, dtype=a.dtype, max_seq_len=a.max_seq_len,
+                backend=a.backend, tp=tp or SINGLE, cuda_graphs=a.cuda_graphs)
+
+
+def add_generation_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = (), **defaults) -> None:
+    """A flag per GenerationConfig field (`--max-new-tokens`, `--mode`, ...); `defaults` override."""
+    types = {"max_new_tokens": positive_int, "top_k": nonneg_int, "seed": nonneg_int, "temperature": float,
+             "top_p": float, "tree": str, "mode": str, "accept": str, "trace_file": str}
+    for f in dataclasses.fields(GenerationConfig):
+        meta = dict(f.metadata)
+        if meta.pop("cli", True) is False or f.name in exclude:
+            continue
+        flag = meta.pop("flag", "--" + f.name.replace("_", "-"))
+        kw = {"dest": f.name, "default": defaults.get(f.name, f.default), **meta}
+        if "action" not in kw:
+            kw["type"] = types[f.name]
+        p.add_argument(flag, **kw)
+
+
+def config_from_arguments(a: argparse.Namespace, **overrides) -> GenerationConfig:
+    """The GenerationConfig a parsed command line describes (fields it lacks keep their defaults)."""
+    values = {f.name: getattr(a, f.name) for f in dataclasses.fields(GenerationConfig) if hasattr(a, f.name)}
+    return GenerationConfig(**{**values, **overrides}).validate()
+
+
+def add_prompt_set_arguments(p: argparse.ArgumentParser, count: int = 12, offset: int = 0) -> None:
+    p.add_argument("--prompts-file", default=None, metavar="FILE",
+                   help="prompts: JSONL with 'prompt' or 'turns' per line, or text separated by '---' lines")
+    p.add_argument("--prompts", type=nonneg_int, default=count,
+                   help="how many prompts (bundled held-out prompts, or the first N of --prompts-file; 0 = all)")
+    p.add_argument("--offset", type=nonneg_int, default=offset, help="skip this many prompts first")
+
+
+def output_path(path: str) -> str:
+    """A path to write a file to: refused early when it names a directory."""
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: is a directory; give a file path")
+    return path

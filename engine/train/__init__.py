@@ -1,0 +1,1 @@
+"""Tools that train models and heads (tools import the runtime, never the reverse)."""

@@ -1,0 +1,187 @@
+"""Every Triton kernel against its torch reference on random inputs (GPU only): tree attention
+(dtypes, head dims, GQA ratios, lengths per request, NaN garbage past each live length, many idle
+splits), the split merge, compaction, RoPE + cache write, and the fused norm and SwiGLU kernels.
+Seeds are fixed per case (crc32 of the case name: Python's hash() is salted per process)."""
+
+import zlib
+
+import pytest
+import torch
+
+import trees
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = [pytest.mark.gpu, cuda]
+
+
+def seed_of(*case) -> int:
+    return zlib.crc32(repr(case).encode())
+
+
+def random_tree(n, seed, topk=10, depth=6):
+    g = torch.Generator().manual_seed(seed)
+    paths = []
+    while len(paths) < n:
+        options = [[]] + [p for p in paths if len(p) < depth]
+        parent = options[int(torch.randint(0, len(options), (1,), generator=g))]
+        child = parent + [int(torch.randint(0, topk, (1,), generator=g))]
+        if child not in paths:
+            paths.append(child)
+    return paths
+
+
+def rel_err(out, ref):
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("groups", [1, 4, 8])
+@pytest.mark.parametrize("t, starts", [(1, (1, 4095)), (16, (0, 1000)), (64, (4095, 17)), (127, (333, 2)),
+                                       (128, (2500, 2500))])
+def test_tree_attention_matches_reference(dtype, d, groups, t, starts):
+    from engine.kernels.tree_attention import tree_attention, tree_attention_reference
+
+    seed = seed_of("attn", dtype, d, groups, t, starts)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    hkv, b = 2, len(starts)
+    st = torch.tensor(starts, device="cuda")
+    cap = max(starts) + t + 300  # slots past each request's live length hold NaN the kernel must not read
+    q = torch.randn(b, hkv * groups, t, d, device="cuda", generator=gen).to(dtype)
+    k = torch.randn(b, hkv, cap, d, device="cuda", generator=gen).to(dtype)
+    v = torch.randn(b, hkv, cap, d, device="cuda", generator=gen).to(dtype)
+    for r, s in enumerate(starts):
+        k[r, :, s + t:] = float("nan")
+        v[r, :, s + t:] = float("nan")
+    mask = trees.buffers(random_tree(t - 1, seed)).attn_mask.cuda() if t > 1 else None
+    bits = trees.pack_mask_bits((mask if mask is not None else torch.ones(1, 1, dtype=torch.bool)).cpu()).cuda()
+    out = tree_attention(q, k, v, st, tree_bits=bits)
+    ref = tree_attention_reference(q.double(), k.double().nan_to_num(), v.double().nan_to_num(), st, mask)
+    assert not torch.isnan(out).any()
+    assert rel_err(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_tree_attention_does_work_for_the_live_length_inside_a_big_cache(dtype):
+    """One launch shape for a 32k-slot cache (as a CUDA graph captures it) and live lengths from 3
+    to 30000: idle splits contribute nothing, and the result is right at every length."""
+    from engine.kernels.tree_attention import tree_attention, tree_attention_reference
+
+    gen = torch.Generator(device="cuda").manual_seed(seed_of("live", dtype))
+    t, cap = 16, 32768
+    q = torch.randn(1, 32, t, 128, device="cuda", generator=gen).to(dtype)
+    k = torch.randn(1, 8, cap, 128, device="cuda", generator=gen).to(dtype)
+    v = torch.randn(1, 8, cap, 128, device="cuda", generator=gen).to(dtype)
+    mask = trees.buffers(random_tree(t - 1, 3)).attn_mask.cuda()
+    bits = trees.pack_mask_bits(mask.cpu()).cuda()
+    start = torch.zeros(1, dtype=torch.long, device="cuda")
+    for live in (3, 300, 5000, 30000):
+        start.fill_(live)
+        kk, vv = k.clone(), v.clone()
+        kk[:, :, live + t:] = float("nan")
+        vv[:, :, live + t:] = float("nan")
+        out = tree_attention(q, kk, vv, start, tree_bits=bits)
+        ref = tree_attention_reference(q.double(), k[:, :, : live + t].double(), v[:, :, : live + t].double(), live, mask)
+        assert not torch.isnan(out).any() and rel_err(out, ref) < TOL[dtype], live
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("d", [64, 128, 80])
+@pytest.mark.parametrize("n", [1, 5, 33, 65])
+def test_compaction_kernel_matches_reference(dtype, d, n):
+    """One launch moves the accepted slots of every layer, request and head; overlapping source and
+    destination ranges, padding by repeating the last pair, and rows past the batch left alone."""
+    from engine.kernels.compact import compact, compact_reference
+
+    gen = torch.Generator(device="cuda").manual_seed(seed_of("compact", dtype, d, n))
+    layers, b_cap, heads, cap = 3, 4, 2, 300  # 3 requests in a cache of 4 rows
+    k = torch.randn(layers, b_cap, heads, cap, d, device="cuda", generator=gen).to(dtype)
+    v = torch.randn(layers, b_cap, heads, cap, d, device="cuda", generator=gen).to(dtype)
+    starts = torch.tensor([0, 17, 150], device="cuda")
+    kept = torch.tensor([n, max(1, n // 2), 1], device="cuda")
+    nodes = torch.sort(torch.randperm(n + 40, generator=torch.Generator().manual_seed(n))[:n]).values.cuda()
+    nodes[0] = 0  # the root is always kept and always first
+    steps = torch.arange(n, device="cuda")
+    src = starts[:, None] + torch.where(steps[None] < kept[:, None], nodes[None], nodes[torch.clamp(kept - 1, min=0)][:, None])
+    dst = starts[:, None] + torch.minimum(steps[None], kept[:, None] - 1)
+    want_k, want_v = k.clone(), v.clone()
+    compact_reference(want_k, want_v, src, dst)
+    compact(k, v, src, dst)
+    assert torch.equal(k, want_k) and torch.equal(v, want_v)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("hq, hkv, d", [(32, 32, 128), (32, 8, 128), (6, 2, 64)])
+def test_rope_and_cache_write_kernel_matches_reference(dtype, hq, hkv, d):
+    from engine.kernels import rope
+
+    gen = torch.Generator(device="cuda").manual_seed(seed_of("rope", dtype, hq, hkv, d))
+    b, t = 3, 17
+    qkv = torch.randn(b, t, (hq + 2 * hkv) * d, device="cuda", generator=gen).to(dtype)
+    start = torch.tensor([0, 100, 4000], device="cuda")
+    pos = start[:, None] + torch.randint(0, 5, (b, t), device="cuda", generator=gen)
+    inv = 1.0 / (500000.0 ** (torch.arange(0, d, 2, device="cuda").float() / d))
+    ck = torch.full((4, hkv, 4100, d), float("nan"), device="cuda", dtype=dtype)
+    cv = ck.clone()
+    q = rope.rope_qkv_to_cache(qkv, pos, inv, ck, cv, start, hq, hkv)
+    rq, rk, rv = qkv.split([hq * d, hkv * d, hkv * d], -1)
+    rq, rk, rv = (x.view(b, t, -1, d).transpose(1, 2) for x in (rq, rk, rv))
+    rq, rk = rope.rope_reference(rq, rk, *rope.rope_tables(pos, inv, dtype))
+    wk, wv = torch.full_like(ck, float("nan")), torch.full_like(cv, float("nan"))
+    rope.write_cache_reference(wk, wv, rk, rv, start)
+    # the kernel rounds where the reference rounds; libdevice's and torch's cos/sin may differ by an ulp
+    tol = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
+    torch.testing.assert_close(q, rq, atol=tol, rtol=tol)
+    torch.testing.assert_close(ck, wk, atol=tol, rtol=tol, equal_nan=True)
+    assert torch.equal(cv.nan_to_num(7), wv.nan_to_num(7))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("dim", [384, 4096, 5120])
+def test_norm_and_swiglu_kernels_match_references(dtype, dim):
+    from engine.kernels import pointwise as pw
+
+    gen = torch.Generator(device="cuda").manual_seed(seed_of("pointwise", dtype, dim))
+    x = torch.randn(7, 3, dim, device="cuda", generator=gen).to(dtype)
+    r = torch.randn(7, 3, dim, device="cuda", generator=gen).to(dtype)
+    w = torch.randn(dim, device="cuda", generator=gen).to(dtype)
+    want_x, want_h = pw.add_rms_norm_reference(x.clone(), r, w, 1e-5)
+    got_x, got_h = pw.add_rms_norm(x.clone(), r, w, 1e-5)
+    assert torch.equal(got_x, want_x)
+    # fp32 sums in another order: a rounding step of the model dtype at most
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    torch.testing.assert_close(got_h, want_h, atol=tol * 4, rtol=tol)
+    _, got = pw.add_rms_norm(x.clone(), None, w, 1e-5)
+    torch.testing.assert_close(got, pw.rms_norm_reference(x, w, 1e-5), atol=tol * 4, rtol=tol)
+    gu = torch.randn(5, 2 * dim, device="cuda", generator=gen).to(dtype)
+    torch.testing.assert_close(pw.silu_mul(gu), pw.silu_mul_reference(gu), atol=tol, rtol=tol)
+
+
+def test_engine_greedy_medusa_equals_ar_with_every_backend_in_fp32():
+    import engine
+    from engine.prompts import heldout_prompts
+
+    ref = engine.load("demo", device="cuda", dtype="float32", backend="sdpa", cuda_graphs=False)
+    for backend in ("triton", "sdpa"):
+        for graphs in (False, True):
+            eng = engine.load("demo", device="cuda", dtype="float32", backend=backend, cuda_graphs=graphs)
+            for p in heldout_prompts(3):
+                ar = ref.generate(p, 64, mode="ar")
+                for tree in ("mc_sim_7b_63", "demo_tuned"):
+                    assert eng.generate(p, 64, mode="medusa", tree=tree).token_ids == ar.token_ids, (backend, graphs)
+                assert eng.generate(p, 64, mode="ar").token_ids == ar.token_ids, (backend, graphs)
+
+
+def test_batched_triton_equals_single_sdpa():
+    import engine
+    from engine.prompts import heldout_prompts
+
+    eng = engine.load("demo", device="cuda", dtype="float32", backend="triton", cuda_graphs=False)
+    ref = engine.load("demo", device="cuda", dtype="float32", backend="sdpa", cuda_graphs=False)
+    batch = heldout_prompts(5)
+    want = [ref.generate(p, 64, mode="ar").token_ids for p in batch]
+    assert [r.token_ids for r in eng.generate(batch, 64, mode="medusa", tree="mc_sim_7b_63")] == want
+    assert [r.token_ids for r in eng.generate(batch, 64, mode="ar")] == want
