@@ -1,4 +1,4 @@
-"""`python app.py [--model PATH|demo] [--port 7860] [--host 127.0.0.1] [--share never]`: the workbench."""
+"""`python app.py [--model PATH|demo] [--port 7860] [--host 127.0.0.1] [--backend ...]`: the workbench."""
 
 from __future__ import annotations
 
@@ -11,28 +11,44 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 
+def port(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 1 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is in 1..65535, got {v}")
+    return v
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--model", default="demo")
-    p.add_argument("--heads", default=None)
-    p.add_argument("--device", default=None)
-    p.add_argument("--port", type=int, default=7860)
+    from engine.cli import Parser
+    from engine.options import add_model_arguments
+
+    p = Parser(prog="python app.py", description=__doc__)
+    add_model_arguments(p)
+    p.add_argument("--port", type=port, default=7860)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--share", choices=["never"], default="never", help="public share links are never made")
-    p.add_argument("--data-dir", default=None, help="where saved trees go (default ~/.medusa-workbench)")
+    p.add_argument("--data-dir", default=None, help="saved trees, runs and trace pools (default ~/.medusa-workbench)")
+    p.add_argument("--traces", default=None, help="AR traces the predictions start from (default: the demo's)")
     a = p.parse_args(argv)
     import engine
+    from engine.loading import DEMO_DIR
+    from engine.options import load_from_arguments
     from workbench.app import LOOPBACK, serve
     from workbench.handlers import Workbench, default_data_dir
 
     if a.host not in LOOPBACK:
         print(f"warning: binding {a.host}: anyone who can reach this address can use the app", file=sys.stderr)
     try:
-        eng = engine.load(a.model, heads=a.heads, device=a.device)
-    except engine.ModelLoadError as e:
-        print(f"error: {e}", file=sys.stderr)
+        eng = load_from_arguments(a)
+        wb = Workbench(eng, Path(a.data_dir) if a.data_dir else default_data_dir(),
+                       Path(a.traces) if a.traces else (DEMO_DIR / "tune_traces.jsonl" if a.model == "demo" else None))
+        serve(wb, a.host, a.port)
+    except (engine.ModelLoadError, ValueError, OSError) as e:
+        print(f"error: {' '.join(str(e).splitlines())}", file=sys.stderr)
         return 2
-    serve(Workbench(eng, Path(a.data_dir) if a.data_dir else default_data_dir()), a.host, a.port)
     return 0
 
 

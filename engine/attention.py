@@ -52,7 +52,7 @@ class AttentionContext:
         if backend == "sdpa":
             plain_prefill = isinstance(start, int) and start == 0 and block_mask is None
             if not plain_prefill:
-                ctx.sdpa_mask = reference_mask(start, block_mask, t, span, groups)
+                ctx.sdpa_mask = reference_mask(start, block_mask, t, span, groups, device)
         elif tree_bits is not None:
             ctx.tree_bits = tree_bits
         elif block_mask is None:

@@ -167,6 +167,8 @@ def _inspect(a) -> int:
 def _convert(a) -> int:
     from .convert import convert
 
+    if a.to != "medusa2":  # medusa2 writes a model directory; every other target one file
+        output_path(a.out)
     print(json.dumps(convert(a.src, a.to, a.out, model=a.model, dtype=a.dtype, allow_lossy=a.allow_lossy, tp=a.tp,
                              data=a.data)))
     return 0
@@ -190,9 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("collect-traces", help="decode prompts with step traces (input of `trees stats/optimize/experiment`)")
     add_model_arguments(k)
     add_prompt_set_arguments(k)
-    add_generation_arguments(k, mode="ar")
+    add_generation_arguments(k, exclude=("trace_file",), mode="ar")
+    k.add_argument("--out", dest="trace_file", required=True, metavar="FILE.jsonl", help="where the traces go (appended)")
     k.set_defaults(fn=_collect)
-    k.set_defaults(trace_required=True)
 
     s = sub.add_parser("spec-bench", help="answer a Spec-Bench / MT-Bench question file (Spec-Bench's answer layout)")
     add_model_arguments(s)
@@ -294,9 +296,6 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    if getattr(a, "trace_required", False) and not a.trace_file:
-        sys.stderr.write("error: collect-traces needs --trace FILE.jsonl (where the traces go)\n")
-        return 2
     try:
         return a.fn(a)
     except KeyboardInterrupt:

@@ -52,7 +52,8 @@ class ModelArgs:
         for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
             if key not in cfg:
                 raise ModelLoadError(f"{where}: missing {key!r}")
-        size = {key: _size(cfg, key, where) for key in LIMITS if cfg.get(key) is not None}
+        required = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+        size = {key: _size(cfg, key, where) for key in LIMITS if key in required or cfg.get(key) is not None}
         n_heads = size["num_attention_heads"]
         n_kv = size.get("num_key_value_heads") or n_heads
         if n_heads % n_kv:

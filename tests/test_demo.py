@@ -93,7 +93,6 @@ def test_train_heads_resumed_with_a_time_budget_stops(tmp_path):
     (the demo recipe does this) used to train forever. A checkpoint from a time-budgeted run keeps
     its schedule; one without a recorded total gets a new budget counted from the resume point."""
     import numpy as np
-
     from conftest import make_hf_model
 
     from engine.train.heads import train_heads

@@ -1,24 +1,30 @@
-"""Figures, layout and every handler of the app, called directly; then the app over gradio_client."""
+"""The workbench's layout, figures and handlers called as plain functions; then the app over gradio_client."""
 
 import json
+import re
+import threading
+import time
 
 import pytest
 
 import trees
+from engine.loading import DEMO_DIR
 from workbench import figures
-from workbench.handlers import EDITOR, Workbench, safe_name, step_view
-from workbench.layout import tidy_layout, tree_graph
+from workbench.handlers import EDITOR, RunState, Workbench
+from workbench.layout import Box, place_labels, tidy_layout, tree_graph
 
 
 @pytest.fixture(scope="module")
 def wb(demo_engine, tmp_path_factory):
-    return Workbench(demo_engine, tmp_path_factory.mktemp("wbdata"))
+    return Workbench(demo_engine, tmp_path_factory.mktemp("wbdata"), DEMO_DIR / "tune_traces.jsonl")
 
 
 @pytest.fixture(scope="module")
 def run(wb):
-    events = list(wb.stream("def main():\n", "mc_sim_7b_63", "", "medusa", "greedy", 0.7, 40))
-    return events[-1]["traces"]
+    session = wb.sessions.get("fixture")
+    events = list(wb.decode(session, "def main():\n", "mc_sim_7b_63", "", "medusa", "greedy", 0.7, 1.0, 0, 60))
+    assert events[-1]["done"]
+    return session.run
 
 
 def _segments_cross(p1, p2, p3, p4):
@@ -29,10 +35,14 @@ def _segments_cross(p1, p2, p3, p4):
     return ccw(p1, p3, p4) * ccw(p2, p3, p4) < 0 and ccw(p1, p2, p3) * ccw(p1, p2, p4) < 0
 
 
-@pytest.mark.parametrize("tree", ["mc_sim_7b_63", "kary_3x3", "chain_4"])
-def test_layout_centred_and_crossing_free(tree):
-    g = tree_graph(trees.validate(trees.preset(tree)))
+@pytest.mark.parametrize("tree", ["mc_sim_7b_63", "kary_3x3", "chain_4", "big"])
+def test_layout_uses_the_width_is_centred_and_crossing_free(tree):
+    paths = trees.kary(4, 4)[:255] if tree == "big" else trees.preset(tree)
+    g = tree_graph(trees.validate(paths))
     pos = tidy_layout(g)
+    xs = [x for x, _ in pos.values()]
+    if len([n for n in g.nodes if g.out_degree(n) == 0]) > 1:
+        assert min(xs) == 0 and max(xs) == 1  # the leaves span the whole width
     for u in g.nodes:
         kids = sorted(g.successors(u), key=lambda v: g.nodes[v]["path"])
         if kids:
@@ -44,118 +54,215 @@ def test_layout_centred_and_crossing_free(tree):
             assert not _segments_cross(a, b, c, d)
 
 
-def test_step_tree_figure_matches_trace(run):
-    tr = run[0]
-    fig = figures.step_tree_figure(tr)
-    status = figures.node_status(tr)
-    marker_traces = [t for t in fig.data if t.mode == "markers+text"]
-    shown = {t.name: len(t.x) for t in marker_traces}
-    for s in set(status):
-        assert shown[s] == status.count(s)
-    acc = next(t for t in marker_traces if t.name == "accepted") if "accepted" in shown else None
-    if acc is not None:
-        assert all(c == figures.COLORS["accepted"] for c in [acc.marker.color])
-    bold = next(t for t in fig.data if t.name == "accepted path")
-    assert sum(x is None for x in bold.x) == len(tr["accepted_nodes"]) - 1  # one bold edge per accepted node
-    rows = figures.node_rows(tr)
-    assert [r["token_text"] for r in rows] == tr["node_text"]
-    for step in run:  # a rejected node names, as text, what the target chose at its parent
-        parents = trees.buffers(step["tree"]).parent.tolist()
-        for r in figures.node_rows(step):
+def test_label_placement_never_overlaps_and_keeps_the_important_first():
+    import random
+
+    rng = random.Random(0)
+    boxes = [Box(rng.uniform(0, 500), rng.uniform(0, 300), rng.uniform(10, 60), 14) for _ in range(400)]
+    kept = place_labels(boxes, list(range(400)))
+    assert 0 in kept and len(kept) < 400
+    for i in kept:
+        for j in kept:
+            assert i == j or not boxes[i].overlaps(boxes[j])
+    for i in set(range(400)) - set(kept):  # every box left out overlaps one kept before it
+        assert any(boxes[i].overlaps(boxes[j]) for j in kept if j < i)
+
+
+def test_step_tree_figure_matches_the_trace(run):
+    for tr in run.traces[:10]:
+        rows = figures.node_rows(tr)
+        assert [r["token_text"] for r in rows] == tr["node_text"]
+        status = figures.node_status(tr)
+        fig = figures.step_tree_figure(tr, figures.TreeView(show_all=True))
+        shown = {t.name: len(t.x) for t in fig.data if t.mode == "markers"}
+        for s in set(status):
+            assert shown[s] == status.count(s)
+        bold = next((t for t in fig.data if t.name == "accepted path"), None)
+        edges = sum(x is None for x in bold.x) if bold is not None else 0
+        assert edges == len(tr["accepted_nodes"]) - 1  # one bold edge per accepted node
+        # the ghost: the target's choice after the last accepted node (the next root) is always shown
+        ghost = next(t for t in fig.data if t.name == "target's token (ghost)")
+        assert any(tr["target_argmax_text"][tr["accepted_nodes"][-1]] in h for h in ghost.hovertext)
+        for r in rows:  # a rejected node names, as text, what the target chose at its parent
             if r["status"] == "rejected":
-                assert r["why"] == f"target chose {step['target_argmax_text'][parents[r['node']]]!r} at the parent"
-    # pruning keeps the accepted path
-    pruned = figures.step_tree_figure(tr, min_path_prob=0.5)
-    assert sum(len(t.x) for t in pruned.data if t.mode == "markers+text") <= len(rows)
+                assert r["why"] == f"target chose {tr['target_argmax_text'][tr['parent'][r['node']]]!r} at the parent"
+
+
+def test_pruning_keeps_the_accepted_path_and_its_siblings_and_collapse_folds(run):
+    tr = max(run.traces, key=lambda t: len(t["accepted_nodes"]))
+    accepted = set(tr["accepted_nodes"])
+    siblings = {i for i, p in enumerate(tr["parent"]) if p in accepted}
+    fig = figures.step_tree_figure(tr, figures.TreeView(min_path_prob=1.0))
+    drawn = int(re.search(r"(\d+) drawn", fig.layout.title.text).group(1)) + 1
+    assert drawn == len(accepted | siblings | {0})
+    first = tr["tree"][tr["accepted_nodes"][1] - 1]
+    below = sum(1 for p in tr["tree"] if len(p) > len(first) and p[: len(first)] == first)
+    folded = figures.step_tree_figure(tr, figures.TreeView(show_all=True, collapsed=frozenset({tuple(first)})))
+    assert int(re.search(r"(\d+) drawn", folded.layout.title.text).group(1)) == len(tr["tree"]) - below
+    assert any(f"+{below}" in t for d in folded.data if d.mode == "text" for t in d.text)
+
+
+def test_head_panel_marks_the_token_that_came(run):
+    step = 3
+    tr = run.traces[step]
+    nxt = figures.next_tokens(run.traces, step)
+    fig = figures.head_panel(tr, nxt, [tuple(h) for h in run.head_hits])
+    for h, bar in enumerate(fig.data):
+        marked = [i for i, t in enumerate(bar.text) if "◀ next" in t]
+        ranks = [i for i, c in enumerate(tr["head_topk"][h]) if c["token"] == nxt[h]]
+        assert marked == ranks  # marked exactly where the real token sat (nowhere if it missed the top-k)
+
+
+def test_incremental_head_accuracy_equals_recomputation(run):
+    vec = trees.rank_vectors(run.traces)
+    hs = trees.head_stats(vec, 4)
+    assert [h[0] for h in run.head_hits] == [c[0] for c in hs.counts]  # top-1 hits per head
+    assert [h[1] for h in run.head_hits] == hs.totals
+    replay = RunState(run.settings)
+    for t, p in zip(run.traces, run.pieces):
+        replay.add(t, p)
+    assert replay.head_hits == run.head_hits
 
 
 def test_other_figures(run):
-    assert len(figures.run_figure(run).data[0].y) == len(run)
-    assert figures.head_topk_figure(figures.with_next_tokens(run)[0]).data
-    vec = trees.rank_vectors(run)
-    hs = trees.head_stats(vec, 4)
-    assert len(figures.head_accuracy_figure(hs).data) == 4
-    assert figures.calibration_figure(run).data
-    assert "predicted E" in figures.tree_figure(trees.preset("chain_3"), hs.accuracy()).layout.title.text
-    curve = trees.select_size(lambda n: 1 + n / 10, [(1, 1.0), (65, 2.0)], [1, 4, 8]).curve
-    assert len(figures.size_curve_figure(curve).data[0].x) == 3
+    per_step = [len(t["accepted_tokens"]) for t in run.traces]
+    chart = figures.run_chart(per_step, selected=2)
+    assert list(chart.data[0].y) == per_step and chart.layout.shapes  # the selected step is marked
+    accepted = [len(t["accepted_nodes"]) - 1 for t in run.traces]
+    heat = figures.acceptance_heatmap(accepted, 4)
+    assert [row[0] for row in heat.data[0].z] == [float(accepted[0] >= d) for d in range(1, 5)]
+    assert figures.calibration_figure(run.traces).data
+    assert figures.tree_figure(trees.preset("chain_3"), [0.5, 0.3, 0.1], "P").data
 
 
-def test_stream_equals_ar_and_scrub(wb, run, demo_engine):
-    ar = demo_engine.generate("def main():\n", 40, mode="ar")
-    assert [t for s in run for t in s["accepted_tokens"]] == ar.token_ids
-    tree_fig, head_fig, table = step_view(run, 2)
-    assert tree_fig.layout.title.text.startswith("step 2")
-    assert len(table) == 64 and head_fig.data
+def test_stream_equals_ar_and_the_run_is_saved_and_reloadable(wb, run, demo_engine):
+    ar = demo_engine.generate("def main():\n", 60, mode="ar")
+    assert run.stream == ar.token_ids and "".join(run.pieces) == ar.text
+    listed = [r["id"] for r in wb.store.list_runs()]
+    assert run.run_id in listed
+    other = wb.sessions.get("reloader")
+    assert wb.load_run(other, run.run_id).startswith("loaded run")
+    assert other.run.stream == run.stream and other.run.head_hits == run.head_hits
+    tree_fig, head_fig, table = wb.step_view(other, 2)
+    assert tree_fig.layout.title.text.startswith("step 2") and len(table) == 64 and head_fig.data
+
+
+def test_each_sessions_stop_ends_only_its_own_run(wb, demo_engine):
+    """Two sessions decode at once (one waits for the engine): B's Stop ends B alone, within a step;
+    A's output is a solo run's."""
+    a, b = wb.sessions.get("A"), wb.sessions.get("B")
+    out = {}
+
+    def go(name, session, tokens):
+        out[name] = list(wb.decode(session, "import os\n", "mc_sim_7b_63", "", "medusa", "greedy", 0.7, 1.0, 0, tokens))
+
+    ta = threading.Thread(target=go, args=("A", a, 300))
+    tb = threading.Thread(target=go, args=("B", b, 300))
+    ta.start()
+    tb.start()
+    while b.run is None or len(b.run.traces) < 3:  # B decodes once A is done with the engine
+        time.sleep(0.01)
+    wb.stop(b)
+    ta.join(60)
+    tb.join(60)
+    assert out["A"][-1]["done"] and "stopped: length" in out["A"][-1]["stats"]
+    assert "stopped by user" in out["B"][-1]["stats"] and b.run.tokens < 300
+    assert a.run.stream == demo_engine.generate("import os\n", 300, mode="medusa", tree="mc_sim_7b_63").token_ids
+    assert not a.stop.is_set() and not b.stop.is_set()  # each run clears its own flag
+
+
+def test_streaming_is_throttled_not_resent(wb):
+    session = wb.sessions.get("throttle")
+    events = list(wb.decode(session, "def f(x):\n", "demo_tuned", "", "medusa", "greedy", 0.7, 1.0, 0, 400))
+    steps = len(session.run.traces)
+    assert len(events) < steps  # at most five updates a second, not one per step
+    figs = [e for e in events if e.get("trace") is not None]
+    assert len(figs) <= len(events)
+    for a, b in zip(events, events[1:]):  # the text only grows at the end: Gradio sends the appended part
+        assert b["html"].startswith(a["html"])
+
+
+def test_one_prediction_for_a_tree_everywhere_and_it_is_exact_on_its_own_prompts(wb, demo_engine):
+    """Editor, Tune and the saved file give the same replayed prediction; confirmed on the very prompts
+    the traces came from, prediction and measurement are equal (greedy replay is exact)."""
+    session = wb.sessions.get("tuner")
+    prompts = wb.prompt_set("held-out", "", None, 3)
+    assert "collected" in wb.collect(session, prompts, 48)
+    tree_json, msg, _ = wb.optimize_tree(session, 10, "replay")
+    assert msg.startswith("✓") and len(json.loads(tree_json)) == 10
+    choices = json.loads(tree_json)
+    pred = wb.predict(session, choices)
+    value = f"{pred.estimate.value:.3f}"
+    assert value in msg and value in wb.validate_tree(tree_json, session)[0]
+    saved_msg, path = wb.save_tree("tuned10", tree_json, session=session)
+    assert trees.load_tree(path).expected_accepted == pytest.approx(pred.estimate.value, abs=1e-4)
+    confirm = wb.confirm_tree(session, tree_json, prompts, 48)
+    measured = float(re.search(r"measured ([0-9.]+) tokens/step", confirm).group(1))
+    assert measured == pytest.approx(pred.estimate.value, abs=1e-3) and "+0.0 %" in confirm.replace("-0.0 %", "+0.0 %")
+    assert "replay" in pred.message and "CI" in pred.message
+
+
+def test_size_choice_uses_measured_step_times(wb):
+    session = wb.sessions.get("sizer")
+    session.latency = trees.latency_points({"points": [{"nodes": 0, "step_ms": 1.0}, {"nodes": 4, "step_ms": 1.2},
+                                                       {"nodes": 16, "step_ms": 50.0}]})
+    session.latency_source = "test"
+    tree_json, msg, fig = wb.optimize_tree(session, 64, "replay", by_latency=True)
+    assert len(json.loads(tree_json)) == 4 and "size 4 chosen" in msg and fig is not None
+
+
+def test_saved_trees_are_listed_at_once_and_files_are_readable(wb):
+    msg, path = wb.save_tree("listed", "[[0], [1]]")
+    assert msg.startswith("✓") and "saved/listed" in wb.tree_names()
+    import os
+    import stat
+
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+    assert wb.resolve_choice("saved/listed", "") == [[0], [1]]
 
 
 def test_handler_errors_are_messages(wb):
-    assert list(wb.stream("   ", "mc_sim_7b_63", "", "medusa", "greedy", 0.7, 10)) == [{"error": "the prompt is empty"}]
-    ev = list(wb.stream("x", EDITOR, "[[0, 1]]", "medusa", "greedy", 0.7, 10))
-    assert "prefix [0] is missing" in ev[0]["error"]
-    ev = list(wb.stream("x", "mc_sim_7b_63", "", "medusa", "greedy", 0.7, 5000))
-    assert "exceeds the context" in ev[0]["error"]
-    ev = list(wb.stream("x" * 30000, "mc_sim_7b_63", "", "medusa", "greedy", 0.7, 5))
-    assert "limit is 20000" in ev[0]["error"]
-    msg, fig, _ = wb.validate_tree("{not json")
-    assert msg.startswith("✗ not valid JSON") and fig is None
-    msg, _, _ = wb.validate_tree("[[0], [0, 0, 0]]")
-    assert "prefix [0, 0] is missing" in msg
-    msg, _, _ = wb.validate_tree(json.dumps([[0]] + [[0] * d for d in range(2, 6)]))
-    assert "exceeds the 4 heads" in msg
-
-
-def test_editor_save_load_export_diff(wb, tmp_path):
+    s = wb.sessions.get("errors")
+    assert list(wb.decode(s, "   ", "mc_sim_7b_63", "")) == [{"error": "the prompt is empty"}]
+    assert "prefix [0] is missing" in list(wb.decode(s, "x", EDITOR, "[[0, 1]]"))[0]["error"]
+    assert "exceeds the context" in list(wb.decode(s, "x", "mc_sim_7b_63", "", max_new_tokens=5000))[0]["error"]
+    assert "limit is 20000" in list(wb.decode(s, "x" * 30000, "mc_sim_7b_63", ""))[0]["error"]
+    msg, fig, normal = wb.validate_tree("{not json")
+    assert msg.startswith("✗") and "not valid JSON" in msg and fig is None and normal is None
+    assert "prefix [0, 0] is missing" in wb.validate_tree("[[0], [0, 0, 0]]")[0]
+    assert "exceeds the 4 heads" in wb.validate_tree(json.dumps([[0]] + [[0] * d for d in range(2, 6)]))[0]
     text, msg = wb.edit_tree("[[0]]", "add child", "[0]", 1)
     assert json.loads(text) == [[0], [0, 1]] and "added" in msg
-    text, msg = wb.edit_tree(text, "add sibling", "[0]", 2)
-    assert json.loads(text) == [[0], [2], [0, 1]]
-    text, msg = wb.edit_tree(text, "delete subtree", "[0]", 0)
-    assert json.loads(text) == [[2]]
-    _, msg = wb.edit_tree("[[0]]", "add child", "[5]", 0)
-    assert "prefix [5] is missing" in msg
-    msg, path = wb.save_tree("../../etc/passwd", "[[0], [1]]")
-    assert msg.startswith("✓") and path.startswith(str(wb.tree_dir)) and "etc_passwd" in path
-    assert trees.load_tree(path).medusa_choices == [[0], [1]]
-    msg, _ = wb.save_tree("etc_passwd", "[[0]]")
-    assert "already saved" in msg and trees.load_tree(path).medusa_choices == [[0], [1]]
-    assert wb.save_tree("etc_passwd", "[[0]]", overwrite=True)[0].startswith("✓")
-    assert "saved/etc_passwd" in wb.tree_names()
-    assert wb.resolve_choice("saved/etc_passwd", "") == [[0]]
+    assert wb.edit_tree("[[0]]", "delete subtree", "[0]", 0)[1].startswith("✗ that would leave an empty tree")
     assert wb.export_tree("[[0], [0, 0]]", "vllm") == "[(0,), (0, 0)]"
     assert "added 1" in wb.diff_trees("chain_1", "chain_2", "")
-    with pytest.raises(ValueError):
-        safe_name("../..")
 
 
-def test_tune_collect_and_optimise(wb):
-    assert "collected" in wb.collect(2, 32)
-    tree_json, msg = wb.optimize_tree(12)
-    assert msg.startswith("✓") and len(json.loads(tree_json)) == 12
-    assert wb.optimize_tree(0)[1].startswith("✗")
-    msg = wb.confirm_tree(tree_json, 2, 32)
-    assert "predicted" in msg and "measured" in msg and "12 nodes" in msg
-
-
-def test_app_over_gradio_client(wb):
+def test_app_over_gradio_client_with_defaults(wb):
+    """The README's three lines (a prompt and nothing else), every named endpoint, and nothing else
+    in the API."""
     from gradio_client import Client
 
     from workbench.app import serve
 
-    app, url = serve(wb, block=False)  # the app's own launch settings
+    app, url = serve(wb, block=False)
     try:
-        c = Client(url, verbose=False)
-        out = c.predict("import os\n", "mc_sim_7b_63", "medusa", "greedy", 20, api_name="/generate")
-        assert len(out["token_ids"]) == 20 and out["mean_accepted"] >= 1
-        msg, _ = c.predict("[[1, 0]]", api_name="/validate_tree")
-        assert "prefix [1] is missing" in msg
-        tree_json, msg = c.predict(8, "empirical", api_name="/optimize_tree")
-        assert msg.startswith("✓") and len(json.loads(tree_json)) == 8
-        as_json = c.predict("import os\n", "[[0], [0, 0]]", "medusa", "greedy", 20, api_name="/generate")
-        assert as_json["token_ids"] == out["token_ids"]  # a tree given as JSON: same greedy output
-        bad = c.predict("", "mc_sim_7b_63", "medusa", "greedy", 20, api_name="/generate")
-        assert bad == {"error": "the prompt is empty"}
-        again = c.predict("import os\n", "mc_sim_7b_63", "medusa", "greedy", 20, api_name="/generate")
-        assert again["token_ids"] == out["token_ids"]  # still serving, same greedy output
+        client = Client(url, verbose=False)
+        out = client.predict("import os\n", api_name="/generate")
+        assert len(out["token_ids"]) == 64 and out["finish_reason"] in ("length", "eos")
+        api = client.view_api(return_format="dict", print_info=False)
+        assert set(api["named_endpoints"]) == {"/generate", "/validate_tree", "/optimize_tree"}
+        assert api["unnamed_endpoints"] == {}
+        v = client.predict("[[1, 0]]", api_name="/validate_tree")
+        assert v["valid"] is False and "prefix [1] is missing" in v["message"] and v["tree"] is None
+        assert client.predict("[[1], [0]]", api_name="/validate_tree")["tree"] == [[0], [1]]
+        opt = client.predict(8, "replay", api_name="/optimize_tree")
+        assert len(opt["tree"]) == 8
+        same = client.predict("import os\n", "[[0], [0, 0]]", api_name="/generate")
+        assert same["token_ids"] == out["token_ids"]  # a tree given as JSON: the same greedy output
+        s1 = client.predict("import os\n", "demo_tuned", "ar", "sample", 1.0, 1.0, 1, 24, api_name="/generate")
+        s2 = client.predict("import os\n", "demo_tuned", "ar", "sample", 1.0, 1.0, 2, 24, api_name="/generate")
+        assert s1["token_ids"] != s2["token_ids"]  # the seed reaches the sampler
+        assert client.predict("", api_name="/generate") == {"error": "the prompt is empty"}
     finally:
         app.close()

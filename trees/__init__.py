@@ -27,6 +27,7 @@ from .io import (
     save_tree,
     to_trtllm,
     to_vllm,
+    write_atomic,
 )
 from .optimize import (
     SizeChoice,
@@ -76,5 +77,5 @@ __all__ = [
     "from_counts", "head_stats", "kary", "latency_points", "load_tree", "names", "optimize_replay",
     "pack_mask_bits", "parse_json", "parse_tree", "path_probability", "preset", "rank_vectors", "read_json_file",
     "read_runs", "read_text_file", "register", "resolve", "run_of_steps", "save_tree", "select_size",
-    "sort_paths", "to_trtllm", "to_vllm", "validate",
+    "sort_paths", "to_trtllm", "to_vllm", "validate", "write_atomic",
 ]

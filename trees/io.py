@@ -38,8 +38,8 @@ def parse_json(text: str, where: str, max_bytes: int = MAX_JSON_BYTES) -> object
         raise JsonInputError(f"{where}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
     except RecursionError:
         raise JsonInputError(f"{where}: JSON nested too deeply to read") from None
-    except ValueError as e:  # e.g. an integer of more digits than Python converts
-        raise JsonInputError(f"{where}: {str(e).splitlines()[0][:200]}") from None
+    except ValueError as e:  # an integer of more digits than Python converts
+        raise JsonInputError(f"{where}: a number with too many digits ({str(e).split(':')[0][:80]})") from None
 
 
 def read_text_file(path: str | os.PathLike, max_bytes: int = MAX_JSON_BYTES) -> str:
@@ -147,8 +147,32 @@ def load_tree(path: str | os.PathLike) -> TreeFile:
         raise TreeError(msg if msg.startswith(str(p)) else f"{p}: {msg}") from None
 
 
-def save_tree(tree: TreeFile | Sequence[Sequence[int]], path: str | os.PathLike, *, overwrite: bool = False) -> FsPath:
-    """Write atomically. An existing file holding a different tree is kept unless overwrite=True."""
+def write_atomic(path: str | os.PathLike, data: str, tmp_dir: str | os.PathLike | None = None, mode: int = 0o644) -> FsPath:
+    """Write text so that a crash leaves either the old file or the new one, never a torn one: a temp
+    file (in tmp_dir, on the same filesystem, else beside the target), fsync, chmod, rename."""
+    p = FsPath(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    where = FsPath(tmp_dir) if tmp_dir is not None else p.parent
+    where.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=where, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)  # mkstemp makes 0600; saved work is meant to be read
+        os.replace(tmp, p)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return p
+
+
+def save_tree(tree: TreeFile | Sequence[Sequence[int]], path: str | os.PathLike, *, overwrite: bool = False,
+              tmp_dir: str | os.PathLike | None = None) -> FsPath:
+    """Write atomically (`write_atomic`). An existing file holding a different tree is kept unless
+    overwrite=True."""
     tf = tree if isinstance(tree, TreeFile) else TreeFile(medusa_choices=as_lists(validate(tree)))
     validate(tf.medusa_choices, topk=tf.topk, num_heads=tf.num_heads)
     p = FsPath(path)
@@ -159,20 +183,7 @@ def save_tree(tree: TreeFile | Sequence[Sequence[int]], path: str | os.PathLike,
             same = False
         if not same:
             raise FileExistsError(f"{p}: a different tree is already saved there (pass overwrite=True)")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(tf.to_json(), indent=1) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return p
+    return write_atomic(p, json.dumps(tf.to_json(), indent=1) + "\n", tmp_dir)
 
 
 def to_trtllm(choices: Sequence[Sequence[int]]) -> str:

@@ -1,25 +1,42 @@
-"""Plotly figures of decoding steps, runs and trees. Used by the app and the notebooks alike; every
-function takes plain trace dicts or trees and returns a `plotly.graph_objects.Figure`."""
+"""Plotly figures of decoding steps, runs and trees, for the app and the notebooks alike: every
+function takes plain trace dicts (docs/trace-schema.md) or trees and returns a `go.Figure`."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 import trees
 
-from .layout import tidy_layout, tree_graph
+from .layout import FONT_PX, MIN_PLOT_WIDTH_PX, Box, Frame, place_labels, text_width_px, tidy_layout, tree_graph
 
-COLORS = {"accepted": "#2ca02c", "rejected": "#d62728", "unreached": "#b0b0b0", "root": "#1f77b4"}
+COLORS = {"accepted": "#2ca02c", "rejected": "#d62728", "unreached": "#b0b0b0", "root": "#1f77b4", "ghost": "#ff7f0e"}
+MARGIN = dict(l=20, r=20, t=64, b=44)
+LAYER_PX = 110
+GHOST_RANK = 10**6  # sorts after every real rank: the ghost is its parent's last child
+NEXT_COLOR = "#ff7f0e"
+EDITOR_PLOT_WIDTH_PX = 560  # the editor's plot shares the row with the JSON editor
 
 
+def token_label(text: str, limit: int = 8) -> str:
+    t = text.replace("\n", "⏎").replace(" ", "·").replace("\t", "⇥")
+    return t if len(t) <= limit else t[: limit - 1] + "…"
+
+
+def _fmt(x) -> str:
+    return "–" if x is None else f"{x:.3f}"
+
+
+# -- one step -------------------------------------------------------------------------------------
 def node_status(trace: dict) -> list[str]:
     """Per node: root / accepted / rejected (its parent was accepted, it was not) / unreached."""
     accepted = set(trace["accepted_nodes"])
-    parents = trees.buffers(trace["tree"]).parent.tolist() if trace["tree"] else [-1]
     out = []
-    for i, par in enumerate(parents):
+    for i, par in enumerate(trace.get("parent") or [-1]):
         if i == 0:
             out.append("root")
         elif i in accepted:
@@ -33,23 +50,19 @@ def node_status(trace: dict) -> list[str]:
 
 def node_rows(trace: dict) -> list[dict]:
     """One row per tree node with everything the hover and the node table show."""
-    paths = [()] + [tuple(p) for p in trees.validate(trace["tree"])] if trace["tree"] else [()]
-    parents = trees.buffers(trace["tree"]).parent.tolist() if trace["tree"] else [-1]
+    parents = trace.get("parent") or [-1]
+    paths = [()] + [tuple(p) for p in trace["tree"]]
     status = node_status(trace)
     texts = trace.get("node_text") or [trace["accepted_text"]]
     heads = trace.get("head_topk") or []
-    rows = []
-    cum = {0: 1.0}
+    rows, reach = [], {0: 1.0}
     for i, path in enumerate(paths):
         par = parents[i]
         head_p = None
         if path and len(path) <= len(heads) and path[-1] < len(heads[len(path) - 1]):
             head_p = heads[len(path) - 1][path[-1]]["prob"]
-        cum[i] = cum.get(par, 1.0) * (head_p if head_p is not None else 1.0) if i else 1.0
-        target_tok = trace["target_argmax"][par] if par >= 0 and "target_argmax" in trace else None
-        target_txt = None
-        if target_tok is not None:
-            target_txt = trace["target_argmax_text"][par] if "target_argmax_text" in trace else f"<{target_tok}>"
+        reach[i] = reach[par] * (head_p if head_p is not None else 0.0) if i else 1.0
+        target_txt = trace["target_argmax_text"][par] if par >= 0 and "target_argmax_text" in trace else None
         reason = ""
         if status[i] == "rejected":
             reason = f"target chose {target_txt!r} at the parent"
@@ -58,127 +71,304 @@ def node_rows(trace: dict) -> list[dict]:
         rows.append({
             "node": i, "path": list(path), "depth": len(path), "head": len(path) - 1 if path else None,
             "rank": path[-1] if path else None, "token_text": texts[i] if i < len(texts) else "",
-            "head_prob": head_p, "path_prob": round(cum[i], 6), "status": status[i],
-            "target_at_parent": target_txt,
+            "head_prob": head_p, "path_prob": round(reach[i], 6), "status": status[i], "target_at_parent": target_txt,
             "target_prob_at_parent": trace["target_argmax_prob"][par] if par >= 0 and "target_argmax_prob" in trace else None,
             "why": reason,
         })
     return rows
 
 
-def step_tree_figure(trace: dict, min_path_prob: float = 0.0, max_labels: int = 64) -> go.Figure:
-    """The step's candidate tree: accepted path bold green, rejected red, unreached grey.
+@dataclass(frozen=True)
+class TreeView:
+    """How a step's tree is drawn: nodes whose path probability under the heads is below
+    `min_path_prob` are pruned (the accepted path and its siblings always stay), and the subtrees
+    of `collapsed` paths are folded into their root."""
 
-    Nodes whose cumulative head probability is below `min_path_prob` are pruned (with their
-    subtrees) so large trees stay readable; at most `max_labels` nodes get a text label.
-    """
-    rows = node_rows(trace)
-    keep = {r["node"] for r in rows if r["path_prob"] >= min_path_prob or r["status"] in ("root", "accepted")}
-    paths = [r["path"] for r in rows[1:]]
-    g = tree_graph(paths)
-    drop = [n for n in g.nodes if n not in keep or any(a not in keep for a in _ancestors(g, n))]
-    g.remove_nodes_from(drop)
-    pos = tidy_layout(g)
+    min_path_prob: float = 0.02
+    show_all: bool = False
+    collapsed: frozenset = field(default_factory=frozenset)
+
+
+def _kept_nodes(rows: list[dict], trace: dict, view: TreeView) -> tuple[set[int], dict[int, int]]:
+    """-> (nodes drawn, hidden descendants of each collapsed node drawn)."""
+    parents = trace.get("parent") or [-1]
     accepted = set(trace["accepted_nodes"])
-    fig = go.Figure()
-    for bold in (False, True):
-        xs, ys = [], []
-        for u, v in g.edges:
-            if (u in accepted and v in accepted) == bold:
-                xs += [pos[u][0], pos[v][0], None]
-                ys += [pos[u][1], pos[v][1], None]
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", name="accepted path" if bold else "edges",
-                                 line=dict(width=5 if bold else 1, color=COLORS["accepted"] if bold else "#999")))
-    nodes = sorted(g.nodes)
-    by_status: dict[str, list[int]] = {}
-    for n in nodes:
-        by_status.setdefault(rows[n]["status"], []).append(n)
-    labelled = set(sorted(nodes, key=lambda n: -rows[n]["path_prob"])[:max_labels])
-    for status, members in by_status.items():
+    keep = set()
+    for r in rows:
+        i = r["node"]
+        if view.show_all or r["status"] == "root" or i in accepted or parents[i] in accepted or \
+                r["path_prob"] >= view.min_path_prob:
+            keep.add(i)
+    for i in list(keep):  # prefix-closed: every kept node's ancestors too
+        while i > 0:
+            i = parents[i]
+            keep.add(i)
+    folded: dict[int, int] = {}
+    by_path = {tuple(r["path"]): r["node"] for r in rows}
+    for p in view.collapsed:
+        u = by_path.get(tuple(p))
+        if u is None or u not in keep:
+            continue
+        hidden = [r["node"] for r in rows if len(r["path"]) > len(p) and tuple(r["path"][: len(p)]) == tuple(p)]
+        folded[u] = len(hidden)
+        keep -= set(hidden)
+    return keep, folded
+
+
+def _frame(max_depth: int, height: int, width: int) -> Frame:
+    return Frame(-0.03, 1.03, -(max_depth + 0.6), 0.45, width - MARGIN["l"] - MARGIN["r"], height - MARGIN["t"] - MARGIN["b"])
+
+
+def _draw_tree(fig: go.Figure, paths: list[tuple], node_style: dict[int, dict], edge_style, labels: dict[int, str],
+               label_rank: dict[int, float], edge_labels: bool, height: int, width: int = MIN_PLOT_WIDTH_PX
+               ) -> dict[int, tuple[float, float]]:
+    """Lay out and draw a tree whose node i+1 is paths[i]: edges grouped by style, markers grouped by
+    `node_style[i]['group']`, labels and rank labels placed without overlap on a plot at least `width`
+    px wide. -> positions."""
+    g = tree_graph(paths)
+    pos = tidy_layout(g)
+    depth = max((len(p) for p in paths), default=0)
+    frame = _frame(depth, height, width)
+    groups: dict[tuple, tuple[list, list]] = {}
+    for u, v in g.edges:
+        st = edge_style(u, v)
+        xs, ys = groups.setdefault(st, ([], []))
+        xs += [pos[u][0], pos[v][0], None]
+        ys += [pos[u][1], pos[v][1], None]
+    for (name, color, width, dash), (xs, ys) in groups.items():
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", name=name, showlegend=bool(name),
+                                 line=dict(width=width, color=color, dash=dash)))
+    by_group: dict[str, list[int]] = {}
+    for n in sorted(g.nodes):
+        by_group.setdefault(node_style[n]["group"], []).append(n)
+    leaves = sum(1 for n in g.nodes if g.out_degree(n) == 0)
+    spacing = frame.width / max(leaves - 1, 1)  # px between neighbouring leaves on the narrowest plot
+    cap = max(5.0, min(22.0, 0.9 * spacing))  # markers of a dense layer shrink instead of piling up
+    for name, members in by_group.items():
+        st = node_style[members[0]]
         fig.add_trace(go.Scatter(
-            x=[pos[n][0] for n in members], y=[pos[n][1] for n in members], mode="markers+text", name=status,
-            text=[_label(rows[n]["token_text"]) if n in labelled else "" for n in members], textposition="bottom center",
-            marker=dict(size=[10 + 20 * (rows[n]["head_prob"] or 1.0) ** 0.5 for n in members], color=COLORS[status],
-                        line=dict(width=1, color="#333")),
-            customdata=[n for n in members], hovertext=[_hover(rows[n]) for n in members], hoverinfo="text"))
-    title = f"step {trace['step']}: accepted {len(trace['accepted_tokens'])} token(s) {trace['accepted_text']!r}"
-    if len(trace["accepted_tokens"]) < len(trace["accepted_nodes"]):  # the run ended inside this step's path
-        title += f" (of {len(trace['accepted_nodes'])}; the rest fell past EOS or the token limit)"
-    fig.update_layout(title=title, showlegend=True, height=420, margin=dict(l=10, r=10, t=40, b=10),
-                      xaxis=dict(visible=False), yaxis=dict(visible=False), plot_bgcolor="white")
-    return fig
+            x=[pos[n][0] for n in members], y=[pos[n][1] for n in members], mode="markers", name=name,
+            marker=dict(size=[min(cap, node_style[n]["size"]) for n in members],
+                        color=[node_style[n]["color"] for n in members],
+                        symbol=st.get("symbol", "circle"), line=dict(width=1, color="#333"),
+                        **({k: st[k] for k in ("colorscale", "cmin", "cmax", "colorbar", "showscale") if k in st})),
+            customdata=members, hovertext=[node_style[n]["hover"] for n in members], hoverinfo="text"))
+    # labels: token text below each node, rank at each edge's middle; most important first
+    boxes, texts, where, order_key = [], [], [], []
+    for n, text in labels.items():
+        x, y = pos[n][0], pos[n][1] - frame.dy(15)
+        px, py = frame.px(x, y)
+        boxes.append(Box(px, py, text_width_px(text), FONT_PX * 1.35))
+        texts.append(text)
+        where.append((x, y, FONT_PX))
+        order_key.append(label_rank.get(n, 0.0))
+    if edge_labels:
+        for u, v in g.edges:
+            r = g.nodes[v]["path"][-1]
+            if r >= GHOST_RANK:
+                continue
+            x, y = (pos[u][0] + pos[v][0]) / 2, (pos[u][1] + pos[v][1]) / 2
+            px, py = frame.px(x, y)
+            text = f"r{r}"
+            boxes.append(Box(px, py, text_width_px(text, FONT_PX - 2), (FONT_PX - 2) * 1.35))
+            texts.append(text)
+            where.append((x, y, FONT_PX - 2))
+            order_key.append(-1.0 + label_rank.get(v, 0.0) / 10)
+    kept = place_labels(boxes, sorted(range(len(boxes)), key=lambda i: -order_key[i]))
+    for size in (FONT_PX, FONT_PX - 2):
+        chosen = [i for i in kept if where[i][2] == size]
+        if chosen:
+            fig.add_trace(go.Scatter(x=[where[i][0] for i in chosen], y=[where[i][1] for i in chosen], mode="text",
+                                     text=[texts[i] for i in chosen], textfont=dict(size=size, color="#222" if size ==
+                                     FONT_PX else "#777"), hoverinfo="skip", showlegend=False,
+                                     name="labels" if size == FONT_PX else "ranks"))
+    fig.update_layout(height=height, margin=MARGIN, plot_bgcolor="white", dragmode="pan",
+                      xaxis=dict(visible=False, range=[frame.x0, frame.x1]),
+                      yaxis=dict(visible=False, range=[frame.y0, frame.y1]),
+                      legend=dict(orientation="h", yanchor="top", y=-0.01, x=0, font=dict(size=10)))
+    return pos
 
 
-def _ancestors(g, n):
-    out = []
-    while True:
-        preds = list(g.predecessors(n))
-        if not preds:
-            return out
-        n = preds[0]
-        out.append(n)
+def tree_height(depth: int) -> int:
+    return MARGIN["t"] + MARGIN["b"] + LAYER_PX * (depth + 1)
 
 
-def _label(text: str) -> str:
-    t = text.replace("\n", "⏎").replace(" ", "·")
-    return t if len(t) <= 8 else t[:7] + "…"
+def step_tree_figure(trace: dict, view: TreeView = TreeView()) -> go.Figure:
+    """A step's candidate tree: accepted path bold green, rejected red, unreached grey; at each accepted
+    node whose children missed the target's choice, a ghost child (orange ring) shows what the target
+    chose; token labels where they fit (hover for the rest), the rank on each edge."""
+    rows = node_rows(trace)
+    keep, folded = _kept_nodes(rows, trace, view)
+    accepted = set(trace["accepted_nodes"])
+    parents = trace.get("parent") or [-1]
+    drawn = sorted(keep)
+    index = {old: new for new, old in enumerate(drawn)}
+    paths = [tuple(rows[n]["path"]) for n in drawn[1:]]
+    style, labels, rank = {}, {}, {}
+    for old in drawn:
+        r = rows[old]
+        n = index[old]
+        hover = [f"<b>{r['token_text']!r}</b> node {old} path {r['path']}"]
+        if r["head"] is not None:
+            hover.append(f"head {r['head']} rank {r['rank']}: head p={_fmt(r['head_prob'])}, path p={_fmt(r['path_prob'])}")
+            hover.append(f"target at parent: {r['target_at_parent']!r} (p={_fmt(r['target_prob_at_parent'])})")
+        hover.append(r["status"] + (f": {r['why']}" if r["why"] else ""))
+        if old in folded:
+            hover.append(f"collapsed: {folded[old]} nodes hidden")
+        style[n] = {"group": r["status"] if old not in folded else "collapsed",
+                    "color": COLORS[r["status"]], "size": 9 + 12 * math.sqrt(r["head_prob"] or 1.0),
+                    "symbol": "circle" if old not in folded else "diamond", "hover": "<br>".join(hover)}
+        labels[n] = token_label(r["token_text"]) + (f" +{folded[old]}" if old in folded else "")
+        rank[n] = 3.0 if old in accepted else 2.0 if r["status"] == "rejected" else r["path_prob"]
+    # ghost children: what the target chose where the drafted children did not have it
+    node_tokens = trace.get("node_tokens") or []
+    argmax = trace.get("target_argmax") or []
+    for old in sorted(accepted):
+        if old >= len(argmax) or old not in index:
+            continue
+        kids = [i for i, p in enumerate(parents) if p == old]
+        if any(node_tokens[i] == argmax[old] for i in kids if i in accepted):
+            continue
+        paths.append(tuple(rows[old]["path"]) + (GHOST_RANK,))
+        n = len(paths)
+        text = trace["target_argmax_text"][old] if "target_argmax_text" in trace else str(argmax[old])
+        last = old == trace["accepted_nodes"][-1]
+        style[n] = {"group": "target's token (ghost)", "color": COLORS["ghost"], "size": 13, "symbol": "circle-open-dot",
+                    "hover": f"<b>{text!r}</b>: the target's choice after node {old}" +
+                             (" (the next step's root)" if last else " (no drafted child had it)")}
+        labels[n] = token_label(text)
+        rank[n] = 2.5
+    ghost_first = len(drawn)
 
+    def edge(u, v):
+        if v >= ghost_first:
+            return ("target's token", COLORS["ghost"], 1.5, "dot")
+        a, b = drawn[u], drawn[v]
+        if a in accepted and b in accepted:
+            return ("accepted path", COLORS["accepted"], 5, "solid")
+        return ("", "#999", 1, "solid")
 
-def _hover(r: dict) -> str:
-    lines = [f"<b>{r['token_text']!r}</b> node {r['node']} path {r['path']}"]
-    if r["head"] is not None:
-        lines.append(f"head {r['head']} rank {r['rank']}, head p={_fmt(r['head_prob'])}, path p={_fmt(r['path_prob'])}")
-        lines.append(f"target at parent: {r['target_at_parent']!r} (p={_fmt(r['target_prob_at_parent'])})")
-    lines.append(r["status"] + (f": {r['why']}" if r["why"] else ""))
-    return "<br>".join(lines)
-
-
-def _fmt(x) -> str:
-    return "–" if x is None else f"{x:.3f}"
-
-
-def head_topk_figure(trace: dict, k: int = 10) -> go.Figure:
-    """Each head's top-k probabilities this step; the bar of the token that really came next is marked."""
-    heads = trace.get("head_topk") or []
     fig = go.Figure()
-    truth = trace.get("_next_tokens") or []
+    depth = max((len(p) for p in paths), default=0)
+    _draw_tree(fig, paths, style, edge, labels, rank, True, tree_height(depth))
+    kept_tokens = len(trace["accepted_tokens"])
+    title = (f"step {trace['step']}: +{kept_tokens} token(s) {token_label(trace['accepted_text'], 40)!r}"
+             f" · {len(rows) - 1} nodes, {len(drawn) - 1} drawn")
+    if kept_tokens < len(trace["accepted_nodes"]):  # the run ended inside this step's path
+        title += f"<br>({len(trace['accepted_nodes'])} accepted; the rest fell past EOS or the token limit)"
+    fig.update_layout(title=dict(text=title, font=dict(size=14), x=0.01, y=0.98))
+    return fig
+
+
+def tree_figure(choices: Sequence[Sequence[int]], reach: Sequence[float] | None = None, colour_title: str = "") -> go.Figure:
+    """A tree being edited: node labels are ranks; with `reach` (probability that a step keeps each
+    non-root node, from an estimator), nodes are coloured by it and a colour bar names it."""
+    paths = [tuple(p) for p in trees.validate(choices, topk=trees.MAX_TOPK)] if choices else []
+    depth = max((len(p) for p in paths), default=0)
+    probs = [1.0] + (list(reach) if reach is not None else [None] * len(paths))
+    style, labels, rank = {}, {}, {}
+    for n in range(len(paths) + 1):
+        p = probs[n]
+        hover = "root" if n == 0 else f"path {list(paths[n - 1])} (head {len(paths[n - 1]) - 1}, rank {paths[n - 1][-1]})"
+        if p is not None and n:
+            hover += f"<br>{colour_title or 'P(reached)'}: {p:.3f}"
+        style[n] = {"group": "nodes", "color": p if p is not None else 0.5, "size": 13, "hover": hover,
+                    "colorscale": "Viridis", "cmin": 0, "cmax": 1, "showscale": reach is not None,
+                    "colorbar": dict(title=dict(text=colour_title or "P(reached)", side="right"), thickness=12)}
+        labels[n] = "root" if n == 0 else f"r{paths[n - 1][-1]}"
+        rank[n] = p if p is not None else -len(paths[n - 1]) if n else 9
+    fig = go.Figure()
+    _draw_tree(fig, paths, style, lambda u, v: ("", "#999", 1, "solid"), labels, rank, False, tree_height(depth),
+               EDITOR_PLOT_WIDTH_PX)
+    fig.update_layout(title=dict(text=f"{len(paths)} nodes, depth {depth}", x=0.01), showlegend=False)
+    return fig
+
+
+def head_panel(trace: dict, next_tokens: Sequence[int], accuracy: Sequence[tuple[int, int]] | None = None,
+               k: int = 10) -> go.Figure:
+    """Per head, its top-k tokens as labelled horizontal bars; the token that really came next is
+    orange and marked '◀ next' (visible at any bar size). `accuracy`: per head (hits, total) of
+    top-1 so far in this run."""
+    heads = trace.get("head_topk") or []
+    if not heads:
+        return go.Figure().update_layout(title="no head top-k in this trace", height=120)
+    titles = []
+    for h in range(len(heads)):
+        t = f"head {h} → token t+{h + 2}"
+        if accuracy and h < len(accuracy) and accuracy[h][1]:
+            hits, total = accuracy[h]
+            t += f" · top-1 right {hits}/{total} = {hits / total:.2f} so far"
+        titles.append(t)
+    fig = make_subplots(rows=len(heads), cols=1, subplot_titles=titles, vertical_spacing=0.35 / max(len(heads), 1))
     for h, top in enumerate(heads):
-        real = truth[h] if h < len(truth) else None
+        top = top[:k]
+        real = next_tokens[h] if h < len(next_tokens) else None
+        ys = [f"{i}: {token_label(c['text'], 12)}" for i, c in enumerate(top)]
+        marks = ["◀ next" if c["token"] == real else "" for c in top]
         fig.add_trace(go.Bar(
-            x=[f"h{h}:{_label(c['text'])}·{i}" for i, c in enumerate(top[:k])], y=[c["prob"] for c in top[:k]], name=f"head {h}",
-            marker_line=dict(width=[3 if c["token"] == real else 0 for c in top[:k]], color="black"),
-            hovertext=[f"head {h} rank {i}: {c['text']!r} p={c['prob']:.3f}" + (" ← came next" if c["token"] == real else "")
-                       for i, c in enumerate(top[:k])], hoverinfo="text"))
-    fig.update_layout(title="heads' top-k (outlined: the token that came next)", barmode="group", height=320,
-                      margin=dict(l=10, r=10, t=40, b=10), xaxis=dict(showticklabels=False))
+            x=[c["prob"] for c in top], y=ys, orientation="h", showlegend=False,
+            marker_color=[NEXT_COLOR if c["token"] == real else "#4c78a8" for c in top],
+            text=[f"{c['prob']:.2f} {m}".strip() for c, m in zip(top, marks)], textposition="outside",
+            cliponaxis=False, hovertext=[f"head {h} rank {i}: {c['text']!r} p={c['prob']:.4f}" +
+                                         (" ← came next" if c["token"] == real else "") for i, c in enumerate(top)],
+            hoverinfo="text"), row=h + 1, col=1)
+        fig.update_yaxes(autorange="reversed", row=h + 1, col=1, tickfont=dict(size=10))
+        fig.update_xaxes(range=[0, 1.25], row=h + 1, col=1, showticklabels=h == len(heads) - 1)
+    fig.update_layout(height=70 + len(heads) * (16 * k + 40), margin=dict(l=10, r=10, t=40, b=10),
+                      title=dict(text="heads' top-k this step (orange ◀ next: the token that came)", font=dict(size=13)))
     return fig
 
 
-def with_next_tokens(traces: Sequence[dict]) -> list[dict]:
-    """Annotate each step with the tokens that came after its root (for marking the truth)."""
-    stream = [t for s in traces for t in s["accepted_tokens"]]
-    out, pos = [], 0
-    for s in traces:
-        k = len(s.get("head_topk") or [])
-        out.append({**s, "_next_tokens": stream[pos + 1 : pos + 1 + k]})
-        pos += len(s["accepted_tokens"])
-    return out
+def next_tokens(traces: Sequence[dict], step: int) -> list[int]:
+    """The tokens that came after step `step`'s root (what each head should have predicted)."""
+    stream_from = [t for s in traces[step:] for t in s["accepted_tokens"]]
+    k = len(traces[step].get("head_topk") or [])
+    return stream_from[1 : 1 + k]
 
 
-def run_figure(traces: Sequence[dict]) -> go.Figure:
-    """Tokens committed per step over the run, with the running mean."""
-    per = [len(s["accepted_tokens"]) for s in traces]
-    mean = [sum(per[: i + 1]) / (i + 1) for i in range(len(per))]
-    fig = go.Figure([go.Bar(x=list(range(len(per))), y=per, name="tokens this step"),
-                     go.Scatter(x=list(range(len(per))), y=mean, name="running mean", mode="lines")])
-    fig.update_layout(title="tokens per step", xaxis_title="step", height=280, margin=dict(l=10, r=10, t=40, b=10))
+# -- a run ----------------------------------------------------------------------------------------
+def run_chart(per_step: Sequence[int], selected: int | None = None) -> go.Figure:
+    """Tokens committed per step, the running mean and its 95 % interval (normal approximation over
+    steps; neighbouring steps are correlated, so read it as a lower bound on the uncertainty)."""
+    n = len(per_step)
+    xs = list(range(n))
+    mean, lo, hi = [], [], []
+    s = s2 = 0.0
+    for i, v in enumerate(per_step, 1):
+        s, s2 = s + v, s2 + v * v
+        m = s / i
+        sd = math.sqrt(max(s2 / i - m * m, 0.0) * i / max(i - 1, 1))
+        half = 1.96 * sd / math.sqrt(i) if i > 1 else 0.0
+        mean.append(m)
+        lo.append(m - half)
+        hi.append(m + half)
+    fig = go.Figure([
+        go.Bar(x=xs, y=list(per_step), name="tokens this step", marker_color="#9ecae1"),
+        go.Scatter(x=xs + xs[::-1], y=hi + lo[::-1], fill="toself", fillcolor="rgba(31,119,180,0.15)",
+                   line=dict(width=0), name="95% interval", hoverinfo="skip"),
+        go.Scatter(x=xs, y=mean, name="running mean", mode="lines", line=dict(color="#1f77b4")),
+    ])
+    if selected is not None and 0 <= selected < n:
+        fig.add_vline(x=selected, line_color=NEXT_COLOR, line_width=2)
+    title = f"tokens per step: {mean[-1]:.2f} ± {(hi[-1] - lo[-1]) / 2:.2f} over {n} steps" if n else "tokens per step"
+    fig.update_layout(title=title, xaxis_title="step", height=280, margin=dict(l=10, r=10, t=40, b=10),
+                      legend=dict(orientation="h", y=1.12))
     return fig
 
 
-def accepted_histogram(traces: Sequence[dict]) -> go.Figure:
-    per = [len(s["accepted_tokens"]) for s in traces]
-    fig = go.Figure(go.Histogram(x=per, xbins=dict(start=0.5, end=max(per, default=1) + 0.5, size=1)))
-    fig.update_layout(title="tokens per step (histogram)", height=280, margin=dict(l=10, r=10, t=40, b=10))
+def acceptance_heatmap(accepted: Sequence[int], depth: int, max_columns: int = 200) -> go.Figure:
+    """The Medusa paper's view: for each depth (head), the share of steps whose accepted path reached
+    it, over the run (steps binned into at most `max_columns` columns)."""
+    n = len(accepted)
+    per = max(1, math.ceil(n / max_columns))
+    cols = list(range(0, n, per))
+    z = [[sum(a >= d for a in accepted[c : c + per]) / len(accepted[c : c + per]) for c in cols] for d in range(1, depth + 1)]
+    rates = [sum(a >= d for a in accepted) / n if n else 0 for d in range(1, depth + 1)]
+    fig = go.Figure(go.Heatmap(z=z, x=cols, y=[f"depth {d} ({rates[d - 1]:.0%})" for d in range(1, depth + 1)],
+                               colorscale="Greens", zmin=0, zmax=1, colorbar=dict(title="reached", thickness=10)))
+    fig.update_layout(title="accepted depth over the run (share of steps reaching each head's depth)",
+                      xaxis_title="step" + (f" (bins of {per})" if per > 1 else ""), height=90 + 30 * max(depth, 1),
+                      margin=dict(l=10, r=10, t=40, b=10))
     return fig
 
 
@@ -198,15 +388,19 @@ def head_accuracy_figure(stats: trees.HeadStats, ranks: int = 10) -> go.Figure:
 def calibration_figure(traces: Sequence[dict], bins: int = 10) -> go.Figure:
     """Head probability of each top-k candidate vs how often it was the token that came next."""
     hits, counts, probs = [0] * bins, [0] * bins, [0.0] * bins
-    for s in with_next_tokens(traces):
+    stream = [t for s in traces for t in s["accepted_tokens"]]
+    pos = 0
+    for s in traces:
+        truth = stream[pos + 1 : pos + 1 + len(s.get("head_topk") or [])]
         for h, top in enumerate(s.get("head_topk") or []):
-            if h >= len(s["_next_tokens"]):
+            if h >= len(truth):
                 break
             for c in top:
                 b = min(int(c["prob"] * bins), bins - 1)
                 counts[b] += 1
                 probs[b] += c["prob"]
-                hits[b] += c["token"] == s["_next_tokens"][h]
+                hits[b] += c["token"] == truth[h]
+        pos += len(s["accepted_tokens"])
     xs = [probs[b] / counts[b] for b in range(bins) if counts[b]]
     ys = [hits[b] / counts[b] for b in range(bins) if counts[b]]
     fig = go.Figure([go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="perfect", line=dict(dash="dot")),
@@ -216,37 +410,12 @@ def calibration_figure(traces: Sequence[dict], bins: int = 10) -> go.Figure:
     return fig
 
 
-def tree_figure(choices: Sequence[Sequence[int]], acc: Sequence[Sequence[float]] | None = None) -> go.Figure:
-    """A tree being edited; with head accuracies, each node shows its predicted path probability."""
-    paths = [list(p) for p in trees.validate(choices)] if choices else []
-    g = tree_graph(paths)
-    pos = tidy_layout(g)
-    probs = [1.0] + [trees.path_probability(p, acc) if acc else None for p in paths]
-    xs, ys = [], []
-    for u, v in g.edges:
-        xs += [pos[u][0], pos[v][0], None]
-        ys += [pos[u][1], pos[v][1], None]
-    fig = go.Figure(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color="#999", width=1), hoverinfo="skip", showlegend=False))
-    nodes = sorted(g.nodes)
-    fig.add_trace(go.Scatter(
-        x=[pos[n][0] for n in nodes], y=[pos[n][1] for n in nodes], mode="markers", showlegend=False,
-        marker=dict(size=14, color=[probs[n] if probs[n] is not None else 0.5 for n in nodes], colorscale="Viridis",
-                    cmin=0, cmax=1, showscale=acc is not None, colorbar=dict(title="P(path)")),
-        hovertext=["root" if n == 0 else f"path {paths[n - 1]}" + (f"<br>P(path)={probs[n]:.3f}" if probs[n] is not None else "")
-                   for n in nodes], hoverinfo="text"))
-    title = f"{len(paths)} nodes, depth {max((len(p) for p in paths), default=0)}"
-    if acc:
-        title += f", predicted E = {trees.expected_independent(paths, acc):.3f} tokens/step"
-    fig.update_layout(title=title, height=380, xaxis=dict(visible=False), yaxis=dict(visible=False),
-                      plot_bgcolor="white", margin=dict(l=10, r=10, t=40, b=10))
-    return fig
-
-
 def size_curve_figure(curve: Sequence[dict]) -> go.Figure:
-    """E(n) and predicted tokens/s against tree size (from trees.select_size's curve)."""
+    """Replayed E(n) and predicted tokens/s against tree size (trees.select_size's curve)."""
     n = [c["nodes"] for c in curve]
     fig = go.Figure([go.Scatter(x=n, y=[c["expected"] for c in curve], name="E(n) tokens/step", mode="lines+markers"),
-                     go.Scatter(x=n, y=[c["tokens_per_s"] for c in curve], name="tokens/s", yaxis="y2", mode="lines+markers")])
-    fig.update_layout(title="tree size: tokens/step and tokens/s", xaxis_title="nodes", height=300,
-                      yaxis2=dict(overlaying="y", side="right"), margin=dict(l=10, r=10, t=40, b=10))
+                     go.Scatter(x=n, y=[c["tokens_per_s"] for c in curve], name="predicted tokens/s", yaxis="y2",
+                                mode="lines+markers")])
+    fig.update_layout(title="tree size: tokens/step and predicted tokens/s (measured step times)", xaxis_title="nodes",
+                      height=300, yaxis2=dict(overlaying="y", side="right"), margin=dict(l=10, r=10, t=40, b=10))
     return fig

@@ -1,11 +1,16 @@
-"""`python -m workbench.loadtest`: concurrency, cancellation, memory and faults against a live app.
+"""`python -m workbench.loadtest`: concurrency, cancellation, Stop isolation, floods, faults, file
+routes and memory against a live app.
 
 Loopback only, bounded loops that stop by themselves. Starts `app.py` as its own process on a free
 127.0.0.1 port with the demo model on CPU (so the memory curve is the server's alone), then: N
-concurrent gradio_client sessions (greedy outputs must equal a single-session run), a stream
-cancelled mid-run followed by a new run, injected faults (bad requests between good ones; a KV
-cache too large for memory, through the engine API), what the file and upload routes serve, and M
-sequential requests with the server's resident memory sampled along the way. Prints one JSON object.
+concurrent gradio_client sessions (greedy outputs must equal a single-session run); a request
+cancelled mid-run followed by a new one; two browser sessions (Debian's Chromium) decoding at once
+where one presses Stop (the other's output must be complete and equal to a solo run); a flood of
+concurrent sessions past the queue's size (each answered: a result or a 'queue is full' message);
+injected faults (bad requests between good ones; a KV cache too large for memory); what the file and
+upload routes serve; a heads file naming 20,000 heads (peak RSS against a plain demo load); and a
+memory series of streamed (browser) and plain (API) requests, the server's resident memory sampled
+along the way. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -23,6 +29,9 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+ROOT = Path(__file__).resolve().parents[1]
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 def rss_mib(pid: int | str = "self") -> float:
@@ -36,10 +45,12 @@ BAD_REQUESTS = [  # (prompt, tree, max_new_tokens, what the error must mention)
     ("", "demo_tuned", 8, "empty"),
     ("   \n\t ", "demo_tuned", 8, "empty"),
     ("x", "[[0, 1]]", 8, "prefix [0] is missing"),
-    ("x", "[[0], [0, 0, 0, 0, 0]]", 8, "missing"),
+    ("x", "[[0], [0, 0, 0, 0, 0]]", 8, "exceeds the 4 heads"),
+    ("x", "[]", 8, "tree is empty"),
     ("x", "not_a_tree", 8, "unknown tree"),
     ("x", "demo_tuned", 100_000, "exceeds the context"),
     ("x", "demo_tuned", -3, "positive integer"),
+    ("x", "[" * 5000, 8, "nested too deeply"),
     ("\x00\x01\x1b[31m" * 50, "demo_tuned", 8, None),  # control characters: decodes (no error needed)
 ]
 
@@ -52,8 +63,8 @@ def start_server(data_dir: Path, timeout_s: float = 180) -> tuple[subprocess.Pop
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with open(data_dir / "server.log", "w") as log:  # the child keeps its own descriptor
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parents[1] / "app.py"), "--device", "cpu",
-                                 "--port", str(port), "--data-dir", str(data_dir)], stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--device", "cpu", "--port", str(port),
+                                 "--data-dir", str(data_dir)], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + timeout_s
     while time.time() < deadline:
@@ -79,39 +90,168 @@ def file_access(data_dir: Path, url: str) -> dict:
     secret.write_text("not for the browser")
     saved = trees.save_tree(trees.TreeFile([[0], [1]], name="loadtest"), data_dir / "trees" / "loadtest.json",
                             overwrite=True)
+    staged = data_dir / ".staging" / ".loadtest.json.x.tmp"
+    staged.write_text("[[0]]")
     get = {
         "saved tree": str(saved),
         "/etc/passwd": "/etc/passwd",
         "data folder file outside trees/": str(secret),
         "traversal out of trees/": f"{data_dir}/trees/../secret.txt",
+        "a temp file in staging": str(staged),
         "the app's own source": str(Path(__file__).resolve()),
     }
     out = {name: httpx.get(f"{url}gradio_api/file={path}").status_code for name, path in get.items()}
     for name, size in (("upload 10 KB", 10_000), ("upload 2 MB", 2_000_000)):
         r = httpx.post(f"{url}gradio_api/upload", files={"files": ("t.json", b"[" + b" " * size + b"]")})
         out[name] = r.status_code
+    many = [("files", (f"t{i}.json", b"[" + b" " * 1_000_000 + b"]")) for i in range(20)]
+    before = sum(1 for _ in Path(tempfile.gettempdir()).rglob("t*.json"))
+    out["20 files of 1 MB in one request"] = httpx.post(f"{url}gradio_api/upload", files=many, timeout=60).status_code
+    out["temp files kept by that request"] = sum(1 for _ in Path(tempfile.gettempdir()).rglob("t*.json")) - before
     return out
 
 
-def run(sessions: int = 20, sequential: int = 200, tokens: int = 24, sample_every: int = 10) -> dict:
+def _predict(client, prompt, tree, tokens):
+    return client.predict(prompt, tree, "medusa", "greedy", 0.7, 1.0, None, tokens, api_name="/generate")
+
+
+def queue_flood(url: str, sessions: int, prompt: str, tokens: int) -> dict:
+    """More concurrent sessions than the queue holds: each must get a result or a clear message."""
+    from gradio_client import Client
+
+    def one(i):
+        try:
+            out = _predict(Client(url, verbose=False), prompt, "demo_tuned", tokens)
+            return "ok" if "token_ids" in out else "error:" + out.get("error", "")
+        except Exception as e:  # the client raises on a full queue: check that it says so
+            text = str(e).lower()
+            return "queue full" if "queue" in text and "full" in text else f"crash:{type(e).__name__}:{e}"
+
+    with ThreadPoolExecutor(sessions) as pool:
+        answers = list(pool.map(one, range(sessions)))
+    return {"sessions": sessions, "results": answers.count("ok"), "queue_full_messages": answers.count("queue full"),
+            "answered": sum(a in ("ok", "queue full") for a in answers),
+            "crashed": sum(a.startswith("crash") for a in answers), "examples": sorted(set(answers))[:4]}
+
+
+# counts the runs a page has seen end: the stats line turning to 'stopped' from anything else
+RUN_COUNTER = """
+window.__ended = 0; let was = true;
+new MutationObserver(() => {
+  const s = document.querySelector('#stats');
+  if (!s) return;
+  const now = s.innerText.includes('stopped');
+  if (now && !was) window.__ended += 1;
+  was = now;
+}).observe(document, {subtree: true, childList: true, characterData: true});
+"""
+
+
+def _browser_page(browser, url):
+    pg = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    pg.add_init_script(RUN_COUNTER)
+    pg.goto(url)
+    pg.wait_for_selector("text=Generate", timeout=120_000)
+    labels = pg.eval_on_selector_all("input[type=number]", "els => els.map(e => e.getAttribute('aria-label'))")
+    return pg, pg.locator("input[type=number]").nth(next(i for i, a in enumerate(labels) if a and "max new tokens" in a))
+
+
+def stop_isolation(url: str, chromium: str, tokens: int = 1000) -> dict:
+    """Two browser sessions decode at once; A presses Stop 1 s in. B must finish and equal a solo run."""
+    from gradio_client import Client
+    from playwright.sync_api import sync_playwright
+
+    solo = _predict(Client(url, verbose=False), "def read_config(path):", "demo_tuned", tokens)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=FLAGS)
+        (a, a_tokens), (b, b_tokens) = _browser_page(browser, url), _browser_page(browser, url)
+        for box in (a_tokens, b_tokens):
+            box.fill(str(tokens))
+            box.press("Enter")
+            box.blur()
+        a.wait_for_timeout(400)
+        a.get_by_role("button", name="Generate").click()
+        b.get_by_role("button", name="Generate").click()
+        a.wait_for_function("document.querySelector('#stats').innerText.includes('tokens,')", timeout=120_000)
+        a.wait_for_timeout(1000)
+        t0 = time.perf_counter()
+        a.get_by_role("button", name="Stop").click()
+        a.wait_for_function("document.querySelector('#stats').innerText.includes('stopped by user')", timeout=120_000)
+        stop_s = time.perf_counter() - t0
+        b.wait_for_function("document.querySelector('#stats').innerText.includes('stopped:')", timeout=300_000)
+        b_text = b.locator("#out-text").inner_text().strip()
+        out = {"stopped_stats": a.locator("#stats").inner_text(), "stop_click_to_page_s": round(stop_s, 3),
+               "other_stats": b.locator("#stats").inner_text(),
+               "other_complete_and_equal_to_solo": b_text == solo["text"].strip()}
+        browser.close()
+    return out
+
+
+def streamed_runs(url: str, chromium: str, n: int, tokens: int, server_pid: int) -> list[list[float]]:
+    """n streamed runs in one browser session; -> [[run, server RSS MiB], ...]."""
+    from playwright.sync_api import sync_playwright
+
+    curve = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=FLAGS)
+        pg, box = _browser_page(browser, url)
+        box.fill(str(tokens))
+        box.press("Enter")
+        box.blur()
+        for i in range(n):
+            pg.get_by_role("button", name="Generate").click()
+            pg.wait_for_function(f"window.__ended >= {i + 1}", timeout=120_000)
+            if i % 10 == 0 or i == n - 1:
+                curve.append([i + 1, round(rss_mib(server_pid), 1)])
+        browser.close()
+    return curve
+
+
+def peak_rss_of(args: list[str]) -> tuple[float, str]:
+    """Peak RSS (MiB) of `python -m engine ARGS` in a child of its own, and its stderr's last line."""
+    code = ("import resource, sys, engine.cli\n"
+            "try:\n    rc = engine.cli.main(sys.argv[1:])\nfinally:\n"
+            "    print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n")
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    peak = next(float(line.split()[1]) / 1024 for line in out.stderr.splitlines() if line.startswith("PEAK"))
+    said = [line for line in out.stderr.splitlines() if line.startswith("error")]
+    return peak, said[0] if said else ""
+
+
+def many_heads(tmp: Path) -> dict:
+    import torch
+    from safetensors.torch import save_file
+
+    f = tmp / "many_heads.safetensors"
+    heads = {f"{h}.0.linear.weight": torch.zeros(1, 1) for h in range(20_000)}
+    heads.update({f"{h}.0.linear.bias": torch.zeros(1) for h in range(20_000)})
+    save_file(heads, str(f))
+    base, _ = peak_rss_of(["generate", "--prompt", "x", "--max-new-tokens", "2", "--device", "cpu"])
+    peak, said = peak_rss_of(["generate", "--prompt", "x", "--max-new-tokens", "2", "--device", "cpu", "--heads", str(f)])
+    return {"file_mb": round(f.stat().st_size / 2**20, 1), "demo_peak_rss_mib": round(base, 1),
+            "many_heads_peak_rss_mib": round(peak, 1), "ratio": round(peak / base, 3), "error": said}
+
+
+def run(sessions: int = 20, sequential: int = 200, tokens: int = 24, streamed: int = 0, flood: int = 80,
+        chromium: str | None = None, sample_every: int = 10) -> dict:
     from gradio_client import Client
 
     import engine
-    import trees
     from engine.prompts import heldout_prompts
 
+    chromium = chromium or shutil.which("chromium") or "/usr/bin/chromium"
+    has_browser = os.path.exists(chromium)
     data_dir = Path(tempfile.mkdtemp(prefix="loadtest-"))
     server, url = start_server(data_dir)
-    tree = trees.DEFAULT_TREE
+    tree = "demo_tuned"
     out: dict = {"url_host": "127.0.0.1", "sessions": sessions, "tokens": tokens}
     try:
         prompts = [heldout_prompts(sessions)[i % sessions] for i in range(sessions)]
         ref = Client(url, verbose=False)
-        single = [ref.predict(p, tree, "medusa", "greedy", tokens, api_name="/generate")["token_ids"] for p in prompts]
+        single = [_predict(ref, p, tree, tokens)["token_ids"] for p in prompts]
 
         def session(i: int) -> list[int]:
-            return Client(url, verbose=False).predict(prompts[i], tree, "medusa", "greedy", tokens,
-                                                      api_name="/generate")["token_ids"]
+            return _predict(Client(url, verbose=False), prompts[i], tree, tokens)["token_ids"]
 
         t0 = time.perf_counter()
         with ThreadPoolExecutor(sessions) as pool:
@@ -119,25 +259,24 @@ def run(sessions: int = 20, sequential: int = 200, tokens: int = 24, sample_ever
         out["concurrent"] = {"completed": sum(1 for t in together if t), "identical_to_single": sum(
             a == b for a, b in zip(together, single)), "wall_s": round(time.perf_counter() - t0, 2)}
 
-        # cancel a long stream once it has produced something, then run again
-        job = ref.submit(prompts[0], tree, "", "medusa", "greedy", 0.7, 400, api_name="/generate_stream")
-        deadline = time.time() + 60
-        while not job.outputs() and time.time() < deadline:
-            time.sleep(0.05)
-        streamed_before_cancel = len(job.outputs())
+        # cancel a long request once it runs, then run again
+        job = ref.submit(prompts[0], tree, "medusa", "greedy", 0.7, 1.0, None, 900, api_name="/generate")
+        time.sleep(1.0)
         job.cancel()
         t_cancel = time.perf_counter()
-        after = ref.predict(prompts[0], tree, "medusa", "greedy", tokens, api_name="/generate")["token_ids"]
-        out["cancel"] = {"outputs_before_cancel": streamed_before_cancel, "next_run_ok": after == single[0],
+        after = _predict(ref, prompts[0], tree, tokens)["token_ids"]
+        out["cancel"] = {"next_run_ok": after == single[0],
                          "next_run_done_s_after_cancel": round(time.perf_counter() - t_cancel, 2)}
+        if has_browser:
+            out["stop_isolation"] = stop_isolation(url, chromium)
+        out["flood"] = queue_flood(url, flood, prompts[0], tokens)
 
-        # faults: every bad request answers with its message, and the next good one is unchanged
         faults = []
         for prompt, bad_tree, n, expect in BAD_REQUESTS:
-            got = ref.predict(prompt, bad_tree, "medusa", "greedy", n, api_name="/generate")
-            good = ref.predict(prompts[0], tree, "medusa", "greedy", tokens, api_name="/generate")["token_ids"]
+            got = _predict(ref, prompt, bad_tree, n)
+            good = _predict(ref, prompts[0], tree, tokens)["token_ids"]
             ok = (expect is None and "token_ids" in got) or (expect is not None and expect in got.get("error", ""))
-            faults.append({"case": repr(prompt[:12]) + f" {bad_tree} {n}", "answer": got.get("error", "decoded"),
+            faults.append({"case": repr(prompt[:12]) + f" {bad_tree[:20]} {n}", "answer": got.get("error", "decoded"),
                            "as_expected": ok, "next_good_run_unchanged": good == single[0]})
         eng = engine.load("demo", device="cpu")  # the same engine code, in this process
         try:  # a cache far larger than memory: refused before allocation, engine keeps serving
@@ -150,19 +289,24 @@ def run(sessions: int = 20, sequential: int = 200, tokens: int = 24, sample_ever
                        "as_expected": "out of memory" in oom, "next_good_run_unchanged": after_oom == single[0]})
         out["faults"] = faults
         out["file_access"] = file_access(data_dir, url)
+        out["many_heads_file"] = many_heads(data_dir)
 
         curve, mismatches = [], 0
         t0 = time.perf_counter()
+        if streamed and has_browser:
+            out["streamed"] = {"runs": streamed, "rss_mib_curve": streamed_runs(url, chromium, streamed, tokens,
+                                                                               server.pid)}
         for i in range(sequential):
             j = i % sessions
-            got = ref.predict(prompts[j], tree, "medusa", "greedy", tokens, api_name="/generate")["token_ids"]
+            got = _predict(ref, prompts[j], tree, tokens)["token_ids"]
             mismatches += got != single[j]
             if i % sample_every == 0 or i == sequential - 1:
                 curve.append([i + 1, round(rss_mib(server.pid), 1)])
-        half = [m for n, m in curve if n > sequential // 2]
+        series = [m for _, m in out.get("streamed", {}).get("rss_mib_curve", [])] + [m for _, m in curve]
+        warm = series[len(series) // 5:] if series else []
         out["sequential"] = {"requests": sequential, "mismatches": mismatches, "wall_s": round(time.perf_counter() - t0, 2),
                              "rss_mib_curve": curve,
-                             "rss_growth_second_half_mib": round(max(half) - min(half), 1) if half else None}
+                             "rss_change_after_warmup_pct": round(100 * (warm[-1] / warm[0] - 1), 2) if warm else None}
     finally:
         server.terminate()
         try:
@@ -175,10 +319,13 @@ def run(sessions: int = 20, sequential: int = 200, tokens: int = 24, sample_ever
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--sessions", type=int, default=20)
-    p.add_argument("--sequential", type=int, default=200)
+    p.add_argument("--sequential", type=int, default=300)
+    p.add_argument("--streamed", type=int, default=200, help="streamed runs in a browser session (needs chromium)")
+    p.add_argument("--flood", type=int, default=80, help="concurrent sessions in the flood")
     p.add_argument("--tokens", type=int, default=24)
     a = p.parse_args(argv)
-    print(json.dumps({"date": time.strftime("%Y-%m-%d"), **run(a.sessions, a.sequential, a.tokens)}))
+    print(json.dumps({"date": time.strftime("%Y-%m-%d"), **run(a.sessions, a.sequential, a.tokens, a.streamed,
+                                                                 flood=a.flood)}))
     return 0
 
 

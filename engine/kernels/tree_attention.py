@@ -36,11 +36,11 @@ MIN_SPLIT = 256  # fewest prefix keys worth a split of their own
 
 # -- reference ------------------------------------------------------------------------------------
 def reference_mask(start: int | torch.Tensor, block_mask: torch.Tensor | None, t: int, span: int,
-                   groups: int = 1) -> torch.Tensor:
+                   groups: int = 1, device: torch.device | str | None = None) -> torch.Tensor:
     """The boolean mask of the function above, for SDPA: [B, 1, groups*T, span] for per-request starts
     [B], or [groups*T, start+T] for one int start (rows repeated per query head of a GQA group)."""
     if isinstance(start, int):
-        dev = block_mask.device if block_mask is not None else torch.device("cpu")
+        dev = device or (block_mask.device if block_mask is not None else "cpu")
         block = block_mask.to(torch.bool) if block_mask is not None else torch.ones(t, t, dtype=torch.bool).tril()
         mask = torch.cat((torch.ones(t, start, dtype=torch.bool, device=dev), block.to(dev)), dim=1)
         return mask.repeat(groups, 1) if groups > 1 else mask
@@ -64,7 +64,7 @@ def tree_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         if hq == hkv and block_mask is None and start == 0:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     if mask is None:
-        mask = reference_mask(start, block_mask, t, k.shape[2], hq // hkv)
+        mask = reference_mask(start, block_mask, t, k.shape[2], hq // hkv, q.device)
     if hq == hkv:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     # GQA without copying K/V: the G query heads of a KV head become G*T rows of one query block
