@@ -89,7 +89,7 @@ def _collect(a) -> int:
     from .prompts import prompt_set
 
     output_path(a.trace_file)
-    prompts = prompt_set(a.prompts_file, a.prompts, a.offset)
+    prompts = prompt_set(a.prompts_file, a.prompts, a.offset, a.default_prompts)
     eng = load_from_arguments(a)
     cfg = config_from_arguments(a)
     steps = tokens = 0

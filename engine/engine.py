@@ -302,6 +302,7 @@ def load(
     backend: str | None = None,
     tp: TP = SINGLE,
     cuda_graphs: bool | None = None,
+    skinny_gemm: bool = False,
 ) -> Engine:
     """Load a local Llama-family model and its Medusa heads.
 
@@ -310,7 +311,8 @@ def load(
     backend: attention backend (None: triton on CUDA, sdpa elsewhere). tp: this process's place in
     a tensor-parallel group (`engine.tp.init_from_env`); every rank then runs the same generate calls
     and gets the same tokens. cuda_graphs: replay greedy steps from captured CUDA graphs, with the
-    fused Triton kernels (None = on when the device is CUDA).
+    fused Triton kernels (None = on when the device is CUDA). skinny_gemm: with graphs, projections run
+    through engine/kernels/gemv.py instead of cuBLAS.
     """
     dev = parse_device(device)
     dt = parse_dtype(dtype, dev)
@@ -320,7 +322,7 @@ def load(
     if graphs and dev.type != "cuda":
         raise ModelLoadError("cuda_graphs needs a CUDA device")
     model_dir = resolve_model_dir(model)
-    base, medusa_sd, _ = load_base(model_dir, dev, dt, tp, backend=backend, fused=graphs)
+    base, medusa_sd, _ = load_base(model_dir, dev, dt, tp, backend=backend, fused=graphs, skinny_gemm=skinny_gemm)
     medusa, source = None, None
     if heads is not False:
         if heads is not None and heads is not True:

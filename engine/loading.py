@@ -82,13 +82,15 @@ def check_backend(backend: str, device: torch.device) -> None:
 
 
 def build_model(args: ModelArgs, tp: TP = SINGLE, device: str | torch.device = "meta", backend: str = "sdpa",
-                fused: bool = False) -> Transformer:
+                fused: bool = False, skinny_gemm: bool = False) -> Transformer:
     """An unfilled Transformer (on the meta device by default: no memory until `fill_model`).
     fused=True (CUDA graphs) stacks q/k/v and gate/up once filled and runs the Triton pointwise
-    kernels; it needs a head dim whose half is a power of two (64, 128), else the references run."""
+    kernels; it needs a head dim whose half is a power of two (64, 128), else the references run.
+    skinny_gemm=True (with fused) also runs the projections through engine/kernels/gemv.py."""
     half = args.head_dim // 2
+    fused = fused and half & (half - 1) == 0
     with torch.device(device):
-        model = Transformer(args, tp, backend=backend, fused=fused and half & (half - 1) == 0)
+        model = Transformer(args, tp, backend=backend, fused=fused, skinny_gemm=fused and skinny_gemm)
     return model
 
 
@@ -207,13 +209,13 @@ def _tensors(path: Path, tp: TP):
         raise ModelLoadError(f"{path}: cannot read weights ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
 
 
-def load_base(model_dir: Path, device, dtype, tp: TP = SINGLE, backend: str = "sdpa",
-              fused: bool = False) -> tuple[Transformer, dict[str, torch.Tensor], int]:
+def load_base(model_dir: Path, device, dtype, tp: TP = SINGLE, backend: str = "sdpa", fused: bool = False,
+              skinny_gemm: bool = False) -> tuple[Transformer, dict[str, torch.Tensor], int]:
     """The Transformer of a model directory (this rank's shard under `tp`), every parameter filled
     by name. -> (model, any `medusa_head.*` tensors, bytes read)."""
     args = read_config(model_dir)
     check_divisible(args, tp.world, str(model_dir / "config.json"))
-    model = build_model(args, tp, backend=backend, fused=fused)
+    model = build_model(args, tp, backend=backend, fused=fused, skinny_gemm=skinny_gemm)
     tensors = (kv for f in base_weight_files(model_dir) for kv in _tensors(f, tp))
     return fill_model(model, tensors, device, dtype, str(model_dir))
 

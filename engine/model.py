@@ -8,7 +8,8 @@ length for the whole batch: prefill, training) or a [B] device tensor of per-req
 
 How it runs is fixed when it is built (`loading.build_model`): the attention `backend`, and `fused`
 (CUDA graphs on): q/k/v and gate/up stacked into one GEMM each, and the pointwise work done by the
-Triton kernels in engine/kernels/ (their torch references are the unfused path).
+Triton kernels in engine/kernels/ (their torch references are the unfused path); `skinny_gemm`
+(with fused) runs the projections through our skinny-GEMM kernel instead of cuBLAS.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from torch import nn
 
 from .attention import AttentionContext, attention
 from .config import ModelArgs, rope_inv_freq
-from .kernels import compact, pointwise, rope
+from .kernels import compact, gemv, pointwise, rope
 from .tp import SINGLE, TP
 
 
@@ -65,6 +66,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
 
+def proj(layer: nn.Linear, x: torch.Tensor, skinny: bool) -> torch.Tensor:
+    """A projection: cuBLAS, or our skinny-GEMM kernel (engine/kernels/gemv.py) when `skinny`."""
+    return gemv.linear(x, layer.weight, layer.bias) if skinny else layer(x)
+
+
 def _stacked(parts: tuple[nn.Linear, ...]) -> nn.Linear:
     """One Linear whose output is the parts' outputs concatenated (same device and dtype)."""
     w = parts[0].weight
@@ -99,13 +105,13 @@ class Attention(nn.Module):
         del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope_cs, cache: KVCache | None, layer: int,
-                ctx: AttentionContext | None, inv_freq: torch.Tensor, fused: bool) -> torch.Tensor:
+                ctx: AttentionContext | None, inv_freq: torch.Tensor, fused: bool, skinny: bool = False) -> torch.Tensor:
         b, t, _ = x.shape
         hd = self.head_dim
         if fused and cache is not None:  # one kernel: RoPE on q and k, k and v written into the cache
             start = ctx.start if isinstance(ctx.start, torch.Tensor) else torch.full((b,), ctx.start, device=x.device)
-            q = rope.rope_qkv_to_cache(self.qkv_proj(x), positions, inv_freq, cache.k[layer], cache.v[layer], start,
-                                       self.n_heads, self.n_kv_heads)
+            q = rope.rope_qkv_to_cache(proj(self.qkv_proj, x, skinny), positions, inv_freq, cache.k[layer],
+                                       cache.v[layer], start, self.n_heads, self.n_kv_heads)
         else:
             if self.qkv_proj is not None:
                 q, k, v = self.qkv_proj(x).split([self.n_heads * hd, self.n_kv_heads * hd, self.n_kv_heads * hd], -1)
@@ -123,8 +129,8 @@ class Attention(nn.Module):
                 cache.v[layer, :b, :, ctx.start : ctx.start + t] = v
             else:
                 rope.write_cache_reference(cache.k[layer], cache.v[layer], k, v, ctx.start)
-        out = attention(q, cache.k[layer, :b], cache.v[layer, :b], ctx)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * hd))
+        out = attention(q, cache.k[layer, :b], cache.v[layer, :b], ctx)  # the triton kernel lays it out [B, T, H, D]
+        return proj(self.o_proj, out.transpose(1, 2).reshape(b, t, self.n_heads * hd), skinny)
 
 
 class FeedForward(nn.Module):
@@ -140,13 +146,13 @@ class FeedForward(nn.Module):
         self.gate_up_proj = _stacked((self.gate_proj, self.up_proj))
         del self.gate_proj, self.up_proj
 
-    def forward(self, x: torch.Tensor, fused: bool) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fused: bool, skinny: bool = False) -> torch.Tensor:
         if self.gate_up_proj is not None:
-            gate_up = self.gate_up_proj(x)
+            gate_up = proj(self.gate_up_proj, x, skinny)
         else:
             gate_up = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
         act = pointwise.silu_mul(gate_up) if fused else pointwise.silu_mul_reference(gate_up)
-        return self.down_proj(act)
+        return proj(self.down_proj, act, skinny)
 
 
 class Block(nn.Module):
@@ -162,9 +168,10 @@ class Transformer(nn.Module):
     """Parameter names follow the HF layout (`model.` stripped) so checkpoints load by name.
     With `tp` this is one rank's shard (engine/tp.py says what is split and how)."""
 
-    def __init__(self, args: ModelArgs, tp: TP = SINGLE, backend: str = "sdpa", fused: bool = False):
+    def __init__(self, args: ModelArgs, tp: TP = SINGLE, backend: str = "sdpa", fused: bool = False,
+                 skinny_gemm: bool = False):
         super().__init__()
-        self.args, self.tp, self.backend, self.fused = args, tp, backend, fused
+        self.args, self.tp, self.backend, self.fused, self.skinny_gemm = args, tp, backend, fused, skinny_gemm
         self.embed_tokens = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(Block(args, tp) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim)
@@ -233,10 +240,11 @@ class Transformer(nn.Module):
         # x += attn(norm(x)); x += mlp(norm(x)); ... norm(x), each residual add fused into the next norm
         first = self.layers[0].input_layernorm if len(self.layers) else self.norm
         x, h = self._norm(x, None, first.weight, fused)
+        skinny = fused and self.skinny_gemm
         for i, layer in enumerate(self.layers):
-            out = self.tp.all_reduce(layer.self_attn(h, positions, rope_cs, cache, i, ctx, self.inv_freq, fused))
+            out = self.tp.all_reduce(layer.self_attn(h, positions, rope_cs, cache, i, ctx, self.inv_freq, fused, skinny))
             x, h = self._norm(x, out, layer.post_attention_layernorm.weight, fused)
-            out = self.tp.all_reduce(layer.mlp(h, fused))
+            out = self.tp.all_reduce(layer.mlp(h, fused, skinny))
             nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
             x, h = self._norm(x, out, nxt.weight, fused)
         return h

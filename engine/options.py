@@ -13,24 +13,22 @@ import os
 from .generation import GenerationConfig
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, low: int, what: str) -> int:
     try:
         v = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if v < low:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
     return v
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
-    return v
+    return _int_at_least(text, 0, "an integer >= 0")
 
 
 def add_model_arguments(p: argparse.ArgumentParser, heads: bool = True) -> None:
@@ -46,6 +44,8 @@ def add_model_arguments(p: argparse.ArgumentParser, heads: bool = True) -> None:
     p.add_argument("--max-seq-len", type=positive_int, default=None, help="cap the context (default: the model's)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="replay greedy steps from CUDA graphs with fused kernels (default: on with CUDA)")
+    p.add_argument("--skinny-gemm", action=argparse.BooleanOptionalAction, default=False,
+                   help="with CUDA graphs: projections through our skinny-GEMM kernel instead of cuBLAS")
 
 
 def load_from_arguments(a: argparse.Namespace, tp=None, device=None):
@@ -55,7 +55,7 @@ def load_from_arguments(a: argparse.Namespace, tp=None, device=None):
 
     heads = False if getattr(a, "no_heads", False) else getattr(a, "heads", None)
     return load(a.model, heads=heads, device=device or a.device, dtype=a.dtype, max_seq_len=a.max_seq_len,
-                backend=a.backend, tp=tp or SINGLE, cuda_graphs=a.cuda_graphs)
+                backend=a.backend, tp=tp or SINGLE, cuda_graphs=a.cuda_graphs, skinny_gemm=a.skinny_gemm)
 
 
 def add_generation_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = (), **defaults) -> None:
@@ -82,8 +82,10 @@ def config_from_arguments(a: argparse.Namespace, **overrides) -> GenerationConfi
 def add_prompt_set_arguments(p: argparse.ArgumentParser, count: int = 12, offset: int = 0) -> None:
     p.add_argument("--prompts-file", default=None, metavar="FILE",
                    help="prompts: JSONL with 'prompt' or 'turns' per line, or text separated by '---' lines")
-    p.add_argument("--prompts", type=nonneg_int, default=count,
-                   help="how many prompts (bundled held-out prompts, or the first N of --prompts-file; 0 = all)")
+    p.add_argument("--prompts", type=nonneg_int, default=None,
+                   help=f"how many prompts: the first N of --prompts-file (default: all), or N bundled held-out "
+                        f"prompts (default {count})")
+    p.set_defaults(default_prompts=count)
     p.add_argument("--offset", type=nonneg_int, default=offset, help="skip this many prompts first")
 
 

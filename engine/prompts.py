@@ -120,9 +120,11 @@ def read_prompts(path: str | os.PathLike) -> list[Prompt]:
     return parse_prompts(text, str(path), jsonl=str(path).endswith(".jsonl") or None)
 
 
-def prompt_set(prompts_file: str | None, count: int, offset: int = 0) -> list[Prompt]:
-    """A command's prompts: the file's (all of them unless `count` > 0 caps them, after `offset`),
-    else `count` bundled held-out prompts after `offset`."""
+def prompt_set(prompts_file: str | None, count: int | None, offset: int = 0, default: int = 12) -> list[Prompt]:
+    """A command's prompts: the file's (all of them unless `count` caps them, after `offset`), else
+    `count` (or `default`) bundled held-out prompts after `offset`."""
+    if count is None:
+        count = 0 if prompts_file else default
     if isinstance(count, bool) or not isinstance(count, int) or count < 0 or offset < 0:
         raise PromptFileError(f"--prompts must be >= 0 and --offset >= 0, got {count} and {offset}")
     if prompts_file:

@@ -73,53 +73,15 @@ def demo_engine():
     return engine.load("demo", device="cpu")
 
 
-class OracleHeads(torch.nn.Module):
-    """Medusa heads that know the greedy continuation: head k proposes the token AR greedy writes k+2
-    places after the position its hidden state belongs to, at rank `rank(position, k)` (the ranks
-    above it hold decoys). The position is found by nearest neighbour among the hidden states of the
-    AR sequences, so the draft is right exactly when the engine's hidden state (KV cache included) is.
-    Full-depth paths and non-first-child compaction then happen on every layout and tree."""
+def oracle_heads(eng, prompts: list[list[int]], max_new: int, num_heads: int = 5, rank=lambda p, k: 0):
+    """Oracle drafts (engine/bench/oracle.py) for these prompts' greedy AR continuations on `eng`: head k
+    proposes the token AR writes k+2 places after each position at rank `rank(output index, k)`. Full-
+    depth paths and non-first-child compaction then happen on every layout and tree; the draft is right
+    exactly when the engine's hidden state (its KV cache included) is."""
+    from engine.bench.oracle import oracle_for
 
-    shared_lm_head = True
-    num_layers = 1
-
-    def __init__(self, hidden: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor, vocab: int, rank):
-        super().__init__()
-        self.num_heads = targets.shape[1]
-        self.register_buffer("table", hidden.float())  # [M, d] hidden state at each AR position
-        self.register_buffer("targets", targets)  # [M, K] token k+2 places ahead, -1 past the end
-        self.register_buffer("ranks", torch.tensor([[rank(int(p), k) for k in range(self.num_heads)] for p in positions]))
-        self.register_buffer("noise", torch.rand(self.num_heads, vocab, generator=torch.Generator().manual_seed(0)))
-        self.vocab = vocab
-
-    def forward(self, h: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
-        idx = torch.cdist(h.float(), self.table).argmin(1)  # [N]
-        tgt, rnk = self.targets[idx].T, self.ranks[idx].T  # [K, N]
-        logits = self.noise[:, None, :].expand(-1, h.shape[0], -1).clone()  # [K, N, V] in [0, 1)
-        k_idx = torch.arange(self.num_heads, device=h.device)[:, None].expand_as(tgt)
-        n_idx = torch.arange(h.shape[0], device=h.device)[None].expand_as(tgt)
-        known = tgt >= 0
-        logits[k_idx[known], n_idx[known], tgt[known]] = 10.0
-        for j in range(int(rnk.max()) if rnk.numel() else 0):  # decoys above the target
-            decoy = known & (rnk > j)
-            logits[k_idx[decoy], n_idx[decoy], (tgt[decoy] + 1 + j) % self.vocab] = 20.0 - j
-        return logits.to(h.dtype)
-
-
-def oracle_heads(eng, prompts: list[list[int]], max_new: int, num_heads: int = 5, rank=lambda p, k: 0) -> OracleHeads:
-    """OracleHeads for these prompts' greedy AR continuations on `eng` (see OracleHeads)."""
-    hidden, targets, positions = [], [], []
-    for ids in prompts:
-        seq = ids + eng.generate(ids, max_new, mode="ar").token_ids
-        with torch.no_grad():
-            h = eng.model(torch.tensor([seq], device=eng.device), torch.arange(len(seq), device=eng.device),
-                          use_cache=False)[0]
-        for p in range(len(ids) - 1, len(seq)):
-            hidden.append(h[p])
-            targets.append([seq[p + 2 + k] if p + 2 + k < len(seq) else -1 for k in range(num_heads)])
-            positions.append(p - len(ids) + 1)  # output index of the root this hidden state decides
-    return OracleHeads(torch.stack(hidden), torch.tensor(targets, device=eng.device), torch.tensor(positions),
-                       eng.args.vocab_size, rank).to(eng.device)
+    seqs = [ids + eng.generate(ids, max_new, mode="ar").token_ids for ids in prompts]
+    return oracle_for(eng.model, seqs, [len(ids) for ids in prompts], num_heads, rank)
 
 
 def oracle_steps(tree: list[list[int]], n_tokens: int, num_heads: int, rank) -> int:

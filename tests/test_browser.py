@@ -5,20 +5,18 @@ Screenshots go to artifacts/ (look at them). Skipped when chromium or playwright
 """
 
 import json
-import os
-import shutil
 import socket
 import time
 from pathlib import Path
 
 import pytest
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+from workbench.browser import choose as browser_choose
+from workbench.browser import have_chromium, launch, open_page, set_number
+
 pw = pytest.importorskip("playwright.sync_api")
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
+pytestmark = pytest.mark.skipif(not have_chromium(), reason="Debian chromium is not installed")
 ART = Path(__file__).resolve().parent.parent / "artifacts"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 LABELS_JS = """(sel) => {
   const els = [...document.querySelectorAll(sel + ' g.textpoint text')].filter(t => t.textContent.trim());
   const r = els.map(e => e.getBoundingClientRect());
@@ -65,37 +63,13 @@ def app_url(demo_engine, tmp_path_factory, big_tree):
 def browser():
     ART.mkdir(exist_ok=True)
     with pw.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        b = launch(p)
         yield b
         b.close()
 
 
-def open_page(browser, url):
-    """A new browser context: a new Gradio session."""
-    ctx = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
-    pg = ctx.new_page()
-    pg.console_errors = []
-    pg.on("console", lambda m: m.type == "error" and pg.console_errors.append(m.text))
-    pg.goto(url)
-    pg.wait_for_selector("text=Generate", timeout=60_000)
-    return pg
-
-
 def choose(pg, label: str, value: str, nth: int = 0) -> None:
-    dd = pg.get_by_label(label).nth(nth)
-    dd.click()
-    dd.fill(value)
-    pg.wait_for_timeout(300)
-    pg.keyboard.press("Enter")
-    pg.wait_for_timeout(300)
-    assert dd.input_value() == value
-
-
-def set_number(pg, label_part: str, value) -> None:
-    labels = pg.eval_on_selector_all("input[type=number]", "els => els.map(e => e.getAttribute('aria-label'))")
-    box = pg.locator("input[type=number]").nth(next(i for i, a in enumerate(labels) if a and label_part in a))
-    box.fill(str(value))
-    box.press("Enter")
+    assert browser_choose(pg, label, value, nth) == value
 
 
 def stats(pg) -> str:
@@ -107,9 +81,13 @@ def wait_done(pg, timeout=240_000):
 
 
 def test_loads_without_console_errors(browser, app_url):
-    pg = open_page(browser, app_url)
+    pg = browser.new_context().new_page()
+    errors = []
+    pg.on("console", lambda m: m.type == "error" and errors.append(m.text))
+    pg.goto(app_url)
+    pg.wait_for_selector("text=Generate", timeout=60_000)
     assert pg.title() == "medusa-workbench"
-    assert [e for e in pg.console_errors if "favicon" not in e] == []
+    assert [e for e in errors if "favicon" not in e] == []
     pg.context.close()
 
 

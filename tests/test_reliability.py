@@ -418,9 +418,11 @@ def test_orphan_temp_files_are_cleaned_and_saved_trees_are_readable(tmp_path, de
 
 
 def test_live_app_under_concurrency_cancel_stop_and_faults():
-    from workbench.loadtest import run
+    from workbench.loadtest import report, run
 
     out = run(sessions=12, sequential=10, tokens=8, streamed=4, flood=24)
+    md = report(out, "loadtest")  # the markdown of benchmarks/reliability.md renders every part
+    assert "| saved tree | 200 |" in md and "stopped by user" in md and "10 sequential requests: 0 outputs" in md
     assert out["concurrent"] == {**out["concurrent"], "completed": 12, "identical_to_single": 12}
     assert out["cancel"]["next_run_ok"]
     assert out["stop_isolation"]["other_complete_and_equal_to_solo"], out["stop_isolation"]

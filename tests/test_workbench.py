@@ -1,9 +1,12 @@
 """The workbench's layout, figures and handlers called as plain functions; then the app over gradio_client."""
 
+import contextlib
+import io
 import json
 import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -247,6 +250,14 @@ def test_app_over_gradio_client_with_defaults(wb):
 
     app, url = serve(wb, block=False)
     try:
+        readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+        example = readme.split("### API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+        assert example.count("\n") == 3 and 'Client("http://127.0.0.1:7860/")' in example
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(example.replace("http://127.0.0.1:7860/", url), {})
+        out = Client(url, verbose=False).predict("def read_config(path):", api_name="/generate")
+        assert printed.getvalue().endswith("\n" + out["text"] + "\n") and out["text"].strip()  # after "Loaded as API"
         client = Client(url, verbose=False)
         out = client.predict("import os\n", api_name="/generate")
         assert len(out["token_ids"]) == 64 and out["finish_reason"] in ("length", "eos")

@@ -64,10 +64,13 @@ def _sizes(text: str) -> list[int]:
     return [_positive(x) for x in text.split(",") if x.strip()]
 
 
-def _ar(path: str) -> list:
-    runs = ar_runs(read_runs(path))
-    if not runs:
-        raise TraceError(f"{path}: no AR runs with head top-k (collect them with `python -m engine collect-traces`)")
+def _ar(paths: str | list[str]) -> list:
+    runs = []
+    for path in [paths] if isinstance(paths, str) else paths:
+        found = ar_runs(read_runs(path))
+        if not found:
+            raise TraceError(f"{path}: no AR runs with head top-k (collect them with `python -m engine collect-traces`)")
+        runs += found
     return runs
 
 
@@ -125,7 +128,7 @@ def cmd_optimize(a) -> None:
         extra["size_choice"] = {"nodes": size.nodes, "predicted_tokens_per_s": size.tokens_per_s,
                                 "margin_over_runner_up": size.margin, "runner_up": size.runner_up, "curve": size.curve}
     tf = TreeFile(t, num_heads=max(len(p) for p in t), name=a.name, expected_accepted=round(est.value, 4),
-                  estimator="replay", source=f"python -m trees optimize --traces {a.traces} --nodes {a.nodes} "
+                  estimator="replay", source=f"python -m trees optimize --traces {' '.join(a.traces)} --nodes {a.nodes} "
                   f"--method {a.method}", extra=extra)
     save_tree(tf, a.out, overwrite=a.overwrite)
     print(json.dumps({"out": a.out, "nodes": len(t), "expected_accepted": tf.expected_accepted, **extra}))
@@ -138,13 +141,27 @@ def _parse_tree_spec(spec: str) -> tuple[str, list[list[int]], str | None]:
 
 
 def cmd_experiment(a) -> None:
-    tune, test = _ar(a.traces_tune), _ar(a.traces_test)
-    rp_tune, rp_test = Replay(tune), Replay(test)
-    out: dict = {"tune": {"runs": len(tune), "tokens": rp_tune.tokens()},
-                 "test": {"runs": len(test), "tokens": rp_test.tokens()}, "trees": {}}
+    """Per tree: measured tokens/step (its Medusa-run traces) against every estimator's prediction,
+    from the tune traces (held out) and, for the replay, from the test prompts' own AR traces (in
+    sample: equal, for greedy). With --medusa-tune (typical / sample runs of a bigger tree on the tune
+    prompts), the step-start estimate of each tree that is a subtree of it."""
+    if not (a.traces_tune and a.traces_test) and not a.medusa_tune:
+        raise ValueError("give --traces-tune and --traces-test (greedy), or --medusa-tune (typical / sample)")
+    tune = _ar(a.traces_tune) if a.traces_tune else None
+    test = _ar(a.traces_test) if a.traces_test else None
+    rp_tune, rp_test = (Replay(tune) if tune else None), (Replay(test) if test else None)
+    medusa_tune = [r for r in read_runs(a.medusa_tune) if r.mode == "medusa"] if a.medusa_tune else None
+    out: dict = {"trees": {}}
+    if tune:
+        out["tune"] = {"runs": len(tune), "tokens": rp_tune.tokens()}
+        out["test"] = {"runs": len(test), "tokens": rp_test.tokens()}
+    if medusa_tune:
+        out["medusa_tune"] = {"runs": len(medusa_tune), "acceptance": medusa_tune[0].acceptance,
+                              "tree_nodes": len(medusa_tune[0].tree or [])}
     for spec in a.tree:
         name, tree, measured_file = _parse_tree_spec(spec)
         row: dict = {"nodes": len(tree)}
+        m = None
         if measured_file:
             runs = [r for r in read_runs(measured_file) if r.mode == "medusa"]
             if not runs:
@@ -152,22 +169,31 @@ def cmd_experiment(a) -> None:
             if any(r.tree and sorted(map(tuple, r.tree)) != sorted(map(tuple, tree)) for r in runs):
                 raise ValueError(f"{measured_file}: its runs decoded with another tree than {name}")
             tokens, steps = sum(r.n_tokens for r in runs), sum(r.n_steps for r in runs)
-            row["measured"] = {"tokens_per_step": round(tokens / steps, 4), "runs": len(runs), "tokens": tokens}
-        row["from_test_traces"] = _estimates(tree, test, a.samples, rp_test)
-        row["from_tune_traces"] = _estimates(tree, tune, a.samples, rp_tune)
-        if "measured" in row:
-            m = row["measured"]["tokens_per_step"]
-            row["error_pct"] = {e: {"in_sample": round(100 * (row["from_test_traces"][e]["value"] / m - 1), 2),
-                                    "heldout": round(100 * (row["from_tune_traces"][e]["value"] / m - 1), 2)}
-                                for e in ("replay", "position", "independent")}
-        # prompts per set for a 3 % held-out replay error at 95 %: scale the bootstrap half-widths
-        half = [(est["ci95"][1] - est["ci95"][0]) / 2 / est["value"] for est in
-                (row["from_test_traces"]["replay"], row["from_tune_traces"]["replay"]) if est["ci95"]]
-        if len(half) == 2:
-            combined = math.sqrt(half[0] ** 2 + half[1] ** 2)
-            n_now = min(len(tune), len(test))
-            row["replay_heldout_halfwidth_pct"] = round(100 * combined, 2)
-            row["prompts_per_set_for_3pct"] = math.ceil(n_now * (combined / 0.03) ** 2)
+            m = tokens / steps
+            row["measured"] = {"tokens_per_step": round(m, 4), "runs": len(runs), "tokens": tokens,
+                               "acceptance": runs[0].acceptance}
+        if tune:
+            row["from_test_traces"] = _estimates(tree, test, a.samples, rp_test)
+            row["from_tune_traces"] = _estimates(tree, tune, a.samples, rp_tune)
+            if m is not None:
+                row["error_pct"] = {e: {"in_sample": round(100 * (row["from_test_traces"][e]["value"] / m - 1), 2),
+                                        "heldout": round(100 * (row["from_tune_traces"][e]["value"] / m - 1), 2)}
+                                    for e in ("replay", "position", "independent")}
+            # prompts per set for a 3 % held-out replay error at 95 %: scale the bootstrap half-widths
+            half = [(est["ci95"][1] - est["ci95"][0]) / 2 / est["value"] for est in
+                    (row["from_test_traces"]["replay"], row["from_tune_traces"]["replay"]) if est["ci95"]]
+            if len(half) == 2:
+                combined = math.sqrt(half[0] ** 2 + half[1] ** 2)
+                row["replay_heldout_halfwidth_pct"] = round(100 * combined, 2)
+                row["prompts_per_set_for_3pct"] = math.ceil(min(len(tune), len(test)) * (combined / 0.03) ** 2)
+        if medusa_tune:
+            try:
+                est = estimate(tree, medusa_tune, "step-start", samples=a.samples)
+                row["from_medusa_tune_traces"] = {"step-start": est.to_json()}
+                if m is not None:
+                    row.setdefault("error_pct", {})["step-start"] = {"heldout": round(100 * (est.value / m - 1), 2)}
+            except ValueError as e:
+                row["from_medusa_tune_traces"] = {"step-start": None, "why": str(e)}
         out["trees"][name] = row
     print(json.dumps(out))
 
@@ -199,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--tree", default=None)
     st.add_argument("--samples", type=int, default=1000, help="bootstrap resamples over runs")
     o = sub.add_parser("optimize", help="the best tree of --nodes nodes for these traces")
-    o.add_argument("--traces", required=True)
+    o.add_argument("--traces", required=True, nargs="+", help="AR trace files (pooled)")
     o.add_argument("--nodes", type=_positive, default=64)
     o.add_argument("--method", choices=["replay", "position", "independent"], default="replay",
                    help="objective: replay (exact for greedy; local search), or best-first under the position-averaged "
@@ -212,8 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--out", required=True)
     o.add_argument("--overwrite", action="store_true")
     x = sub.add_parser("experiment", help="measured vs predicted tokens/step per tree and estimator, in and out of sample")
-    x.add_argument("--traces-tune", required=True, help="AR traces of the prompts trees are tuned on")
-    x.add_argument("--traces-test", required=True, help="AR traces of other prompts of the same kind")
+    x.add_argument("--traces-tune", default=None, help="AR traces of the prompts trees are tuned on")
+    x.add_argument("--traces-test", default=None, help="AR traces of other prompts of the same kind")
+    x.add_argument("--medusa-tune", default=None,
+                   help="typical / sample: Medusa-run traces (with accept_prob) of a tree containing the others, on tune prompts")
     x.add_argument("--tree", action="append", required=True, metavar="TREE[:MEASURED.jsonl]",
                    help="a preset or tree file, with the Medusa-run traces of it on the test prompts")
     x.add_argument("--samples", type=int, default=1000)

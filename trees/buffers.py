@@ -1,6 +1,6 @@
 """Tensors the engine needs to verify a tree in one forward pass.
 
-Worked example (MEDUSA.md), tree [[0],[1],[0,0],[0,1],[1,0],[0,0,0]], topk 10:
+Worked example (docs/algorithm.md), tree [[0],[1],[0,0],[0,1],[1,0],[0,0,0]], topk 10:
 node order root,(0),(1),(0,0),(0,1),(1,0),(0,0,0); tree_indices [0,1,2,11,12,11,21];
 position_ids [0,1,1,2,2,2,3]; the mask row of (0,0,0) is [1,1,0,1,0,0,1].
 """

@@ -12,10 +12,12 @@
   independent  1 + sum over nodes of the product of per-head rank accuracies along the path. Heads
                are correlated (independence understates joint paths) and the accuracies are
                position-averaged (overstating): the two errors partly cancel, by luck.
-  step-start   (typical / sample) From a Medusa run's traces: at each step, sum over the tree's nodes
-               of the product of the acceptance rule's per-node probabilities along the path
-               (`accept_prob`), + 1. Exact in expectation at the run's own step starts; the tree must
-               be a subtree of the one that ran.
+  step-start   (typical / sample) From a Medusa run's traces, at the run's own step starts: for
+               sampling, 1 + the sum over the tree's nodes of the product of the rule's per-node
+               acceptance probabilities along the path (`accept_prob`: recursive rejection keeps one
+               child, so these events are disjoint); for typical acceptance, 1 + the depth of the
+               longest path whose nodes all pass. The tree must be a subtree of the one that ran, and
+               its step starts are the traced run's, not its own (docs/estimators.md).
 Intervals are percentile bootstraps over runs (whole prompts), never over positions: acceptance
 along a text is autocorrelated (lag-1 0.60 on the demo model), so positions are not independent.
 """
@@ -120,13 +122,16 @@ def step_start_values(choices: Sequence[Sequence[int]], run: Run) -> list[float]
     if missing:
         raise ValueError(f"path {missing[0]} is not in the tree the run decoded with; the step-start estimator "
                          "only scores subtrees of it")
+    # typical acceptance may pass several siblings and keeps the longest acceptable path; under greedy
+    # and recursive-rejection sampling at most one child is kept, so the reach probabilities add up
+    longest = run.acceptance == "typical"
     out = []
     for probs in run.accept_prob:
         reach = {(): 1.0}
         total = 1.0
         for p in wanted:  # Medusa order: parents first
             reach[p] = reach[p[:-1]] * (probs[index[p]] or 0.0)
-            total += reach[p]
+            total = max(total, 1.0 + len(p) * (reach[p] > 0)) if longest else total + reach[p]
         out.append(total)
     return out
 

@@ -1,4 +1,4 @@
-"""Tree files: the schema-1 JSON of DESIGN.md, bare lists, and other engines' formats.
+"""Tree files: the schema-1 JSON of docs/tree-format.md, bare lists, and other engines' formats.
 
 Saving is atomic (temp file in the same folder, fsync, rename) so a crash mid-save leaves the
 previous file whole, and it refuses to replace a different tree unless asked.

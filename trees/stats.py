@@ -62,6 +62,18 @@ class Run:
             self._vectors = rank_vectors_of(self.tokens, self.head_tokens)
         return self._vectors
 
+    def add_step(self, step: dict) -> None:
+        """Append one step-trace dict (checked: TraceError names what is wrong)."""
+        tokens, head_tokens, accepted, probs, tree = _step(step)
+        self.tokens.append(tokens)
+        self.head_tokens.append(head_tokens)
+        self.accepted.append(accepted)
+        if probs is not None:
+            self.accept_prob.append(probs)
+        if tree:
+            self.tree = tree
+        self._vectors = None
+
 
 def _ints(x: object, what: str) -> list[int]:
     if not isinstance(x, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in x):
@@ -133,10 +145,6 @@ def read_runs(path: str | os.PathLike) -> list[Run]:
             continue
         if "accepted_tokens" not in obj:
             raise TraceError(f"{path}:{n}: neither a header nor a step (no 'accepted_tokens')")
-        try:
-            tokens, head_tokens, accepted, probs, tree = _step(obj)
-        except TraceError as e:
-            raise TraceError(f"{path}:{n}: {e}") from None
         req = obj.get("request", 0)
         if not isinstance(req, int) or isinstance(req, bool):
             raise TraceError(f"{path}:{n}: 'request' must be an integer")
@@ -144,13 +152,10 @@ def read_runs(path: str | os.PathLike) -> list[Run]:
         if run is None or obj.get("step") == 0 and run.tokens:
             run = by_request[req] = Run(header=header)
             runs.append(run)
-        run.tokens.append(tokens)
-        run.head_tokens.append(head_tokens)
-        run.accepted.append(accepted)
-        if probs is not None:
-            run.accept_prob.append(probs)
-        if tree:
-            run.tree = tree
+        try:
+            run.add_step(obj)
+        except TraceError as e:
+            raise TraceError(f"{path}:{n}: {e}") from None
     return [r for r in runs if r.tokens]
 
 
@@ -183,14 +188,7 @@ def run_of_steps(steps: Sequence[dict], header: dict | None = None) -> Run:
     """A Run from step-trace dicts (the workbench keeps these in memory)."""
     run = Run(header=dict(header or {}))
     for s in steps:
-        tokens, head_tokens, accepted, probs, tree = _step(s)
-        run.tokens.append(tokens)
-        run.head_tokens.append(head_tokens)
-        run.accepted.append(accepted)
-        if probs is not None:
-            run.accept_prob.append(probs)
-        if tree:
-            run.tree = tree
+        run.add_step(s)
     return run
 
 

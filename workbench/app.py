@@ -30,6 +30,8 @@ TEXT_CSS = """
 pre.out { white-space: pre-wrap; font-size: 14px; line-height: 1.45; max-height: 460px; overflow-y: auto; margin: 0; }
 .s0 { background: #e3f2fd; } .s1 { background: #fff3e0; } .s2 { background: #e8f5e9; }
 .s3 { background: #fce4ec; } .s4 { background: #ede7f6; } .s5 { background: #f1f8e9; }
+#tree-json .cm-editor, #tree-json .cm-scroller { max-height: 420px !important; min-height: 160px !important; }
+#tree-json .cm-scroller { overflow-y: auto !important; }
 pre.out span { cursor: pointer; } pre.out span.sel { outline: 2px solid #ff7f0e; background: #ffe0b2; }
 """
 TEXT_JS = """
@@ -161,7 +163,7 @@ def build_app(wb: Workbench) -> gr.Blocks:
             with gr.Row():
                 with gr.Column(scale=2):
                     editor = gr.Code(value=json.dumps(trees.preset(trees.DEFAULT_TREE)), language="json",
-                                     label="medusa_choices", lines=8, max_lines=16, wrap_lines=True)
+                                     label="medusa_choices", lines=8, max_lines=16, wrap_lines=True, elem_id="tree-json")
                     valid_msg = gr.Markdown(elem_id="valid-msg")
                     with gr.Row():
                         load_pick = gr.Dropdown(names[1:], value=trees.DEFAULT_TREE, label="load a tree")
@@ -217,7 +219,7 @@ def build_app(wb: Workbench) -> gr.Blocks:
                 opt_latency = gr.Checkbox(False, label="choose the size by E(n)/t(n)")
                 opt_btn = gr.Button("Optimise → editor", variant="primary")
             opt_msg = gr.Markdown()
-            size_plot = gr.Plot(show_label=False)
+            size_plot = gr.Plot(show_label=False, visible=False)
             confirm_btn = gr.Button("Confirm the editor's tree (real run on these prompts)")
             confirm_msg = gr.Markdown()
         with gr.Tab("Compare"):
@@ -239,7 +241,7 @@ def build_app(wb: Workbench) -> gr.Blocks:
                 cmp_stop = gr.Button("Stop", variant="stop")
             cmp_table = gr.Dataframe(headers=["prompt", "A tokens/step", "B tokens/step", "A tokens/s", "B tokens/s",
                                               "same output"], interactive=False)
-            cmp_msg = gr.Markdown()
+            cmp_msg = gr.Markdown(elem_id="cmp-msg")
             gr.Markdown("**Acceptance rules** on the same prompts and tree: greedy and sample are lossless, typical is "
                         "not. Distance = total variation from the model's own sampling (first 2 tokens).")
             with gr.Row():
@@ -441,7 +443,7 @@ def build_app(wb: Workbench) -> gr.Blocks:
             msg = wb.collect(session, prompts, tokens, progress)
             vec = [v for r in session.pool for v in r.vectors]
             fig = figures.head_accuracy_figure(trees.head_stats(vec, eng.num_heads)) if vec else gr.update()
-            return msg, fig, gr.update(choices=wb.store.pool_names())
+            return msg, fig, gr.update(choices=wb.store.pool_names(), value=session.pool_name)
 
         collect_btn.click(collect, [src, pasted, upload, n_prompts, tune_tokens], [collect_msg, acc_plot, pool_pick],
                           concurrency_limit=1, concurrency_id=DECODE_GROUP, **PRIVATE)
@@ -469,7 +471,7 @@ def build_app(wb: Workbench) -> gr.Blocks:
 
         def optimise_ui(n, method, by_latency, request: gr.Request):
             tree_json, msg, curve = wb.optimize_tree(wb.sessions.get(_sid(request)), n, method, by_latency)
-            return (tree_json or gr.update()), msg, curve if curve is not None else gr.update()
+            return (tree_json or gr.update()), msg, gr.update(value=curve, visible=True) if curve is not None else gr.update()
 
         opt_btn.click(optimise_ui, [opt_nodes, opt_method, opt_latency], [editor, opt_msg, size_plot], **PRIVATE)
 

@@ -300,6 +300,9 @@ def head_panel(trace: dict, next_tokens: Sequence[int], accuracy: Sequence[tuple
             t += f" · top-1 right {hits}/{total} = {hits / total:.2f} so far"
         titles.append(t)
     fig = make_subplots(rows=len(heads), cols=1, subplot_titles=titles, vertical_spacing=0.35 / max(len(heads), 1))
+    # one x range for every head (so bars compare across heads), fitted to the largest bar plus its label
+    top_p = max((c["prob"] for top in heads for c in top[:k]), default=1.0)
+    x_max = min(1.25, max(0.1, 1.4 * top_p + 0.08))
     for h, top in enumerate(heads):
         top = top[:k]
         real = next_tokens[h] if h < len(next_tokens) else None
@@ -313,7 +316,7 @@ def head_panel(trace: dict, next_tokens: Sequence[int], accuracy: Sequence[tuple
                                          (" ← came next" if c["token"] == real else "") for i, c in enumerate(top)],
             hoverinfo="text"), row=h + 1, col=1)
         fig.update_yaxes(autorange="reversed", row=h + 1, col=1, tickfont=dict(size=10))
-        fig.update_xaxes(range=[0, 1.25], row=h + 1, col=1, showticklabels=h == len(heads) - 1)
+        fig.update_xaxes(range=[0, x_max], row=h + 1, col=1, showticklabels=h == len(heads) - 1)
     fig.update_layout(height=70 + len(heads) * (16 * k + 40), margin=dict(l=10, r=10, t=40, b=10),
                       title=dict(text="heads' top-k this step (orange ◀ next: the token that came)", font=dict(size=13)))
     return fig

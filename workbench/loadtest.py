@@ -10,7 +10,8 @@ concurrent sessions past the queue's size (each answered: a result or a 'queue i
 injected faults (bad requests between good ones; a KV cache too large for memory); what the file and
 upload routes serve; a heads file naming 20,000 heads (peak RSS against a plain demo load); and a
 memory series of streamed (browser) and plain (API) requests, the server's resident memory sampled
-along the way. Prints one JSON object.
+along the way. Prints one JSON object; `--report FILE.json` turns such a JSON into the markdown of
+benchmarks/reliability.md.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -27,11 +27,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from .browser import CHROMIUM, have_chromium, launch, number_box, open_page
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 ROOT = Path(__file__).resolve().parents[1]
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 def rss_mib(pid: int | str = "self") -> float:
@@ -148,12 +148,8 @@ new MutationObserver(() => {
 
 
 def _browser_page(browser, url):
-    pg = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
-    pg.add_init_script(RUN_COUNTER)
-    pg.goto(url)
-    pg.wait_for_selector("text=Generate", timeout=120_000)
-    labels = pg.eval_on_selector_all("input[type=number]", "els => els.map(e => e.getAttribute('aria-label'))")
-    return pg, pg.locator("input[type=number]").nth(next(i for i, a in enumerate(labels) if a and "max new tokens" in a))
+    pg = open_page(browser, url, RUN_COUNTER)
+    return pg, number_box(pg, "max new tokens")
 
 
 def stop_isolation(url: str, chromium: str, tokens: int = 1000) -> dict:
@@ -163,7 +159,7 @@ def stop_isolation(url: str, chromium: str, tokens: int = 1000) -> dict:
 
     solo = _predict(Client(url, verbose=False), "def read_config(path):", "demo_tuned", tokens)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=FLAGS)
+        browser = launch(p, chromium)
         (a, a_tokens), (b, b_tokens) = _browser_page(browser, url), _browser_page(browser, url)
         for box in (a_tokens, b_tokens):
             box.fill(str(tokens))
@@ -193,7 +189,7 @@ def streamed_runs(url: str, chromium: str, n: int, tokens: int, server_pid: int)
 
     curve = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=FLAGS)
+        browser = launch(p, chromium)
         pg, box = _browser_page(browser, url)
         box.fill(str(tokens))
         box.press("Enter")
@@ -219,12 +215,12 @@ def peak_rss_of(args: list[str]) -> tuple[float, str]:
 
 
 def many_heads(tmp: Path) -> dict:
-    import torch
-    from safetensors.torch import save_file
+    import numpy as np
+    from safetensors.numpy import save_file
 
     f = tmp / "many_heads.safetensors"
-    heads = {f"{h}.0.linear.weight": torch.zeros(1, 1) for h in range(20_000)}
-    heads.update({f"{h}.0.linear.bias": torch.zeros(1) for h in range(20_000)})
+    heads = {f"{h}.0.linear.weight": np.zeros((1, 1), np.float32) for h in range(20_000)}
+    heads.update({f"{h}.0.linear.bias": np.zeros(1, np.float32) for h in range(20_000)})
     save_file(heads, str(f))
     base, _ = peak_rss_of(["generate", "--prompt", "x", "--max-new-tokens", "2", "--device", "cpu"])
     peak, said = peak_rss_of(["generate", "--prompt", "x", "--max-new-tokens", "2", "--device", "cpu", "--heads", str(f)])
@@ -239,8 +235,8 @@ def run(sessions: int = 20, sequential: int = 200, tokens: int = 24, streamed: i
     import engine
     from engine.prompts import heldout_prompts
 
-    chromium = chromium or shutil.which("chromium") or "/usr/bin/chromium"
-    has_browser = os.path.exists(chromium)
+    chromium = chromium or CHROMIUM
+    has_browser = have_chromium(chromium)
     data_dir = Path(tempfile.mkdtemp(prefix="loadtest-"))
     server, url = start_server(data_dir)
     tree = "demo_tuned"
@@ -316,14 +312,67 @@ def run(sessions: int = 20, sequential: int = 200, tokens: int = 24, streamed: i
     return out
 
 
+def _curve(points: list[list[float]]) -> str:
+    return ", ".join(f"{n}: {m}" for n, m in points)
+
+
+def report(out: dict, command: str) -> str:
+    """benchmarks/reliability.md from one loadtest JSON."""
+    c, f = out["concurrent"], out["flood"]
+    lines = ["# Reliability figures", "",
+             f"`{command}` on {out.get('date', '?')}: the demo model on CPU, the app as its own process on a free",
+             "127.0.0.1 port (memory figures are the server's alone); `reliability_loadtest.json` is what it printed.",
+             "A smaller run of the same code is a test (`tests/test_reliability.py`).", "", "## Requests held", "",
+             f"- {out['sessions']} concurrent `gradio_client` sessions, greedy, {out['tokens']} tokens each: "
+             f"{c['completed']} completed, {c['identical_to_single']} identical to the single-session run ({c['wall_s']} s).",
+             f"- A 900-token request cancelled 1 s in: the next request finished "
+             f"{out['cancel']['next_run_done_s_after_cancel']} s later, output correct: {out['cancel']['next_run_ok']}.",
+             f"- Flood of {f['sessions']} concurrent sessions against a queue of 64: {f['results']} results, "
+             f"{f['queue_full_messages']} 'queue is full' answers, {f['crashed']} crashes."]
+    if "stop_isolation" in out:
+        s = out["stop_isolation"]
+        lines.append(f"- Two browser sessions decoding 1,000 tokens at once, A presses Stop 1 s in: A shows "
+                     f"`{s['stopped_stats']}` {s['stop_click_to_page_s']} s after the click; B ends `{s['other_stats']}`, "
+                     f"complete and equal to a solo run: {s['other_complete_and_equal_to_solo']}.")
+    if "sequential" in out:
+        q = out["sequential"]
+        lines.append(f"- {q['requests']} sequential requests: {q['mismatches']} outputs differed from the "
+                     f"single-session run ({q['wall_s']} s).")
+    lines += ["", "## Faults injected (each followed by a good request)", "",
+              "| case | answer | as expected | next good run unchanged |", "|---|---|---|---|"]
+    for x in out["faults"]:
+        answer = x["answer"].replace("|", "\\|")[:160]
+        lines.append(f"| {x['case'].replace('|', '/')} | {answer} | {'yes' if x['as_expected'] else 'NO'} | "
+                     f"{'yes' if x['next_good_run_unchanged'] else 'NO'} |")
+    lines += ["", "## What the file and upload routes answer (HTTP status)", "", "| request | status |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in out["file_access"].items()]
+    m = out["many_heads_file"]
+    lines += ["", "## A heads file naming 20,000 heads", "",
+              f"{m['file_mb']} MB on disk. Peak RSS of `engine generate` with it: {m['many_heads_peak_rss_mib']} MiB, "
+              f"against {m['demo_peak_rss_mib']} MiB for the plain demo ({m['ratio']}x); the answer: `{m['error']}`.",
+              "", "## Resident memory of the server, MiB", ""]
+    if "streamed" in out:
+        lines += [f"After streamed browser run n ({out['streamed']['runs']} runs): "
+                  + _curve(out["streamed"]["rss_mib_curve"]), ""]
+    if "sequential" in out:
+        lines += ["Then after API request n: " + _curve(out["sequential"]["rss_mib_curve"]), "",
+                  f"Change from the end of warm-up (the first fifth of the series) to the end: "
+                  f"{out['sequential']['rss_change_after_warmup_pct']} %."]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--report", type=Path, help="print the markdown report of this loadtest JSON and exit")
     p.add_argument("--sessions", type=int, default=20)
     p.add_argument("--sequential", type=int, default=300)
     p.add_argument("--streamed", type=int, default=200, help="streamed runs in a browser session (needs chromium)")
     p.add_argument("--flood", type=int, default=80, help="concurrent sessions in the flood")
     p.add_argument("--tokens", type=int, default=24)
     a = p.parse_args(argv)
+    if a.report:
+        print(report(json.loads(a.report.read_text()), "python -m workbench.loadtest"), end="")
+        return 0
     print(json.dumps({"date": time.strftime("%Y-%m-%d"), **run(a.sessions, a.sequential, a.tokens, a.streamed,
                                                                  flood=a.flood)}))
     return 0

@@ -3,11 +3,13 @@
 Starts `app.py` (demo model, CPU) as its own process on a free loopback port and drives Debian's
 Chromium with Playwright. For each run length it records, from the Chrome DevTools protocol, every
 server-sent message of the decode's stream (bytes, arrival time), and from the page, when the
-stats line says the run ended. Reported per length: messages, bytes per message (mean, and first vs
-last quarter of the run: flat when nothing is resent), server-done -> page-done delay (the last
-message's arrival to the page showing it, both read in the page), and, for the longest run, how long a Stop click takes to
-show 'stopped by user'. Prints one JSON object. (Gradio's completion message after a stream repeats
-the final values whole; it is counted in bytes_total and the last quarter.)
+stats line says the run ended. Reported per length: messages and bytes; for the two kinds of live
+update (text only, and text with the newest step's figures, at most once a second) their count and
+mean bytes in the first and second half of the run (equal when nothing is resent); the delay from
+the last message's arrival to the page showing the end (both read in the page); and, for the
+longest run, how long a Stop click takes to show 'stopped by user'. Prints one JSON object.
+(Gradio's completion message after a stream repeats the final values whole; it is counted in
+bytes_total only.)
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+from .browser import CHROMIUM, VIEWPORT, choose, launch, set_number
 from .loadtest import start_server
 
 # In the page: the arrival time (performance.now()) of every chunk of the queue's event stream, and
@@ -45,8 +47,6 @@ new MutationObserver(() => {
   else if (window.__armed && window.__done === null) window.__done = performance.now();
 }).observe(document, {subtree: true, childList: true, characterData: true});
 """
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 class StreamTap:
@@ -93,15 +93,6 @@ class StreamTap:
         return out
 
 
-def _set_number(pg, label_part: str, value) -> None:
-    labels = pg.eval_on_selector_all("input[type=number]", "els => els.map(e => e.getAttribute('aria-label'))")
-    box = pg.locator("input[type=number]").nth(next(i for i, a in enumerate(labels) if a and label_part in a))
-    box.fill(str(value))
-    box.press("Enter")
-    box.blur()
-    pg.wait_for_timeout(400)
-
-
 def _wait_run(pg, what: str, timeout: int = 600_000) -> None:
     """Wait for this run's end: first the 'decoding' line Generate writes, then `what`."""
     pg.wait_for_function("!document.querySelector('#stats').innerText.includes('stopped')", timeout=60_000,
@@ -109,17 +100,22 @@ def _wait_run(pg, what: str, timeout: int = 600_000) -> None:
     pg.wait_for_function(f"document.querySelector('#stats').innerText.includes({what!r})", timeout=timeout, polling="raf")
 
 
-def _choose_tree(pg, tree: str) -> None:
-    dd = pg.get_by_label("tree").first
-    dd.click()
-    dd.fill(tree)
-    pg.wait_for_timeout(300)
-    pg.keyboard.press("Enter")
-    pg.wait_for_timeout(300)
+def _has_figures(msg: dict) -> bool:
+    """Whether a streamed update carries the step tree (output 3 of the decode event) or only text."""
+    data = (msg.get("output") or {}).get("data") or []
+    return len(data) > 3 and len(json.dumps(data[3])) > 200
+
+
+def _halves(sizes: list[int]) -> dict:
+    """Count and mean bytes in the first and second half of the run: equal when nothing is resent."""
+    h = len(sizes) // 2
+    mean = (lambda xs: round(statistics.fmean(xs), 1) if xs else None)
+    return {"n": len(sizes), "bytes_mean_first_half": mean(sizes[:h] or sizes), "bytes_mean_second_half": mean(sizes[h:]),
+            "bytes_max": max(sizes) if sizes else None}
 
 
 def measure_run(pg, tap: StreamTap, tokens: int) -> dict:
-    _set_number(pg, "max new tokens", tokens)
+    set_number(pg, "max new tokens", tokens)
     tap.reset()
     t0 = time.perf_counter()
     pg.evaluate("() => { window.__chunks = []; window.__done = null; window.__armed = false; }")
@@ -133,27 +129,25 @@ def measure_run(pg, tap: StreamTap, tokens: int) -> dict:
                                                                                            "process_completed")]
     sizes = [n for _, n, _ in msgs]
     # the updates streamed while the run goes on: every process_generating message but the last (the
-    # final one also carries the whole-run figures, and the completion message repeats everything)
-    live = [n for _, n, m in msgs if m.get("msg") == "process_generating"][:-1]
-    lq = max(1, len(live) // 4)
-    q = max(1, len(sizes) // 4)
+    # final one also carries the whole-run figures, and the completion message repeats everything).
+    # Two kinds: text updates (new text pieces as Gradio's string diff, stats, step slider) and, at
+    # most once a second, figure updates (the newest step's tree and head panel as well)
+    live = [(n, m) for _, n, m in msgs if m.get("msg") == "process_generating"][:-1]
+    kinds = {"text_updates": [n for n, m in live if not _has_figures(m)],
+             "figure_updates": [n for n, m in live if _has_figures(m)]}
     chunks, done = pg.evaluate("() => [window.__chunks, window.__done]")
     # the last chunk before the page said 'stopped' carried the server's final update (the completion
     # message after it repeats the final values, as Gradio does)
     before = [t for t, _ in chunks if t <= done] if done is not None else []
     return {"tokens": tokens, "stats": pg.locator("#stats").inner_text(), "messages": len(msgs),
             "bytes_total": sum(sizes), "bytes_per_message_mean": round(statistics.fmean(sizes), 1) if sizes else None,
-            "bytes_per_message_first_quarter": round(statistics.fmean(sizes[:q]), 1) if sizes else None,
-            "bytes_per_message_last_quarter": round(statistics.fmean(sizes[-q:]), 1) if sizes else None,
-            "live_updates": len(live),
-            "bytes_per_live_update_first_quarter": round(statistics.fmean(live[:lq]), 1) if live else None,
-            "bytes_per_live_update_last_quarter": round(statistics.fmean(live[-lq:]), 1) if live else None,
+            **{kind: _halves(v) for kind, v in kinds.items()},
             "click_to_page_done_s": round(page_done - t0, 3),
             "last_update_arrived_to_page_done_s": round((done - before[-1]) / 1000, 3) if before else None}
 
 
 def measure_stop(pg, tokens: int, after_s: float) -> dict:
-    _set_number(pg, "max new tokens", tokens)
+    set_number(pg, "max new tokens", tokens)
     pg.get_by_role("button", name="Generate").click()
     pg.wait_for_function("!document.querySelector('#stats').innerText.includes('stopped')", timeout=60_000)
     pg.wait_for_function("document.querySelector('#stats').innerText.includes('tokens,')", timeout=120_000)
@@ -174,13 +168,13 @@ def run(lengths: list[int], tree: str, chromium: str) -> dict:
     out: dict = {"tree": tree, "runs": []}
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=chromium, args=FLAGS)
-            pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+            browser = launch(p, chromium)
+            pg = browser.new_page(viewport=VIEWPORT)
             pg.add_init_script(PAGE_CLOCK)
             tap = StreamTap(pg)
             pg.goto(url)
             pg.wait_for_selector("text=Generate", timeout=120_000)
-            _choose_tree(pg, tree)
+            choose(pg, "tree", tree)
             measure_run(pg, tap, 16)  # warm-up
             for n in lengths:
                 out["runs"].append(measure_run(pg, tap, n))
@@ -196,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--lengths", default="96,384,1024")
     p.add_argument("--tree", default="mc_sim_7b_63")
-    p.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
+    p.add_argument("--chromium", default=CHROMIUM)
     a = p.parse_args(argv)
     res = run([int(x) for x in a.lengths.split(",")], a.tree, a.chromium)
     print(json.dumps({"date": time.strftime("%Y-%m-%d"), **res}))

@@ -29,10 +29,14 @@ def add_bench_arguments(p) -> None:
     p.add_argument("--trees", default="demo_tuned,chain_4,mc_sim_7b_63", help="e2e: comma-separated presets or files")
     p.add_argument("--rounds", type=positive_int, default=3, help="e2e/latency: round-robin repeats")
     p.add_argument("--no-transformers", action="store_true", help="e2e: leave out the transformers peer")
+    p.add_argument("--traced", action="store_true", help="e2e: also time traced runs (what the workbench runs)")
     p.add_argument("--traces", default=None, help="latency/batch: AR traces for the trees (default: chains)")
     p.add_argument("--sizes", type=_list, default=[4, 8, 12, 16, 24, 32, 48, 64], help="latency/batch: tree sizes")
     p.add_argument("--batches", type=_list, default=[1, 2, 4, 8], help="batch: batch sizes")
     p.add_argument("--shapes", default="llama2-7b,llama3-8b", help="step: model shapes")
+    p.add_argument("--shape", default=None, help="e2e: a random-weight model of this shape (llama2-7b, llama3-8b) "
+                   "with oracle drafts, instead of --model (CUDA)")
+    p.add_argument("--prompt-len", type=positive_int, default=128, help="e2e --shape: random prompt tokens")
     p.add_argument("--prefix", type=positive_int, default=1024, help="step: committed tokens before the timed steps")
     p.add_argument("--markdown", action="store_true", help="attention: also print a markdown table")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
@@ -48,6 +52,17 @@ def run_bench(a) -> int:
     from ..prompts import prompt_set
     from .common import env, fit_prompts
 
+    if a.part == "e2e" and a.shape:
+        from .e2e import run_e2e_shape
+
+        if not torch.cuda.is_available():
+            raise ValueError("bench --part e2e --shape needs a CUDA device")
+        cfg = config_from_arguments(a)
+        res = run_e2e_shape(a.shape, [t for t in a.trees.split(",") if t], a.prompts or 4, a.prompt_len,
+                            cfg.max_new_tokens, a.rounds, a.backend or "triton", bool(a.skinny_gemm))
+        print(json.dumps({"part": "e2e", "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(),
+                          "torch": torch.__version__, **res}))
+        return 0
     if a.part in ("step", "attention"):
         if not torch.cuda.is_available():
             raise ValueError(f"bench --part {a.part} needs a CUDA device")
@@ -69,7 +84,8 @@ def run_bench(a) -> int:
         torch.set_num_threads(a.threads)
     cfg = config_from_arguments(a)
     eng = load_from_arguments(a)
-    prompts, cut = fit_prompts(eng, [p.text for p in prompt_set(a.prompts_file, a.prompts, a.offset)], cfg.max_new_tokens)
+    texts = [p.text for p in prompt_set(a.prompts_file, a.prompts, a.offset, a.default_prompts)]
+    prompts, cut = fit_prompts(eng, texts, cfg.max_new_tokens)
     result = {"part": a.part, "model": a.model, **env(eng), "prompts": len(prompts), "prompts_cut_to_fit": cut,
               "prompts_file": a.prompts_file, "max_new_tokens": cfg.max_new_tokens, "stop_on_eos": cfg.stop_on_eos,
               "accept": cfg.accept}
@@ -77,7 +93,7 @@ def run_bench(a) -> int:
         from .e2e import run_e2e
 
         result.update(run_e2e(eng, a.model, prompts, cfg, [t for t in a.trees.split(",") if t], a.rounds,
-                              not a.no_transformers))
+                              not a.no_transformers, a.traced))
     elif a.part == "batch":
         from .batch import run_batch
 

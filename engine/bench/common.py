@@ -32,6 +32,17 @@ def env(eng) -> dict:
             "backend": eng.model.backend, "cuda_graphs": eng.graphs is not None}
 
 
+def warm_up(runners: dict[str, Callable[[object], object]], prompts: Sequence) -> None:
+    """Run every runner on the longest prompt, then the shortest, before anything is timed: the KV
+    cache reaches the capacity the timed prompts need (a larger cache is a new allocation, and every
+    CUDA graph is captured again), graphs are captured and kernels tuned, and compiled code has seen
+    two prefill lengths (so it has gone dynamic)."""
+    by_length = sorted(prompts, key=len)
+    for p in (by_length[-1], by_length[0]):
+        for run in runners.values():
+            run(p)
+
+
 def round_robin(runners: dict[str, Callable[[object], tuple[list[int], int]]], prompts: Sequence, rounds: int,
                 sync: Callable[[], None] = lambda: None) -> dict[str, dict]:
     """Time each runner on every prompt, interleaved (round -> prompt -> runner), so a noisy

@@ -4,7 +4,15 @@ generate on the same prompts, timed round-robin; greedy Medusa output checked eq
 from __future__ import annotations
 
 from ..generation import GenerationConfig
-from .common import ratio, round_robin
+from .common import ratio, round_robin, warm_up
+
+
+def agreement(outs: list[list[int]], ref: list[list[int]]) -> dict:
+    """How many outputs equal the reference's, and where each other one first differs (greedy outputs
+    can differ in bf16, where kernels of other shapes round near-tied logits the other way)."""
+    firsts = [next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), min(len(o), len(r)))
+              for o, r in zip(outs, ref) if o != r]
+    return {"identical": len(outs) - len(firsts), "of": len(outs), "first_divergence_at": firsts}
 
 
 def distinct_ngram_ratio(ids: list[int], n: int) -> float:
@@ -35,8 +43,38 @@ def transformers_runner(eng, model: str, max_new: int, stop_on_eos: bool):
     return run
 
 
+def summarise(res: dict[str, dict], eng, tree_names: list[str], greedy: bool = True) -> dict:
+    """The JSON of a round-robin run: our AR, each tree (speedups with intervals over rounds, output
+    agreement with AR), `transformers` and traced runs when they ran."""
+    ar = res["ar"]
+    out: dict = {"ar": {k: v for k, v in ar.items() if k != "outputs"}, "medusa": {}}
+    t = res.get("transformers")
+    if t is not None:
+        out["transformers"] = {k: v for k, v in t.items() if k not in ("outputs", "steps", "tokens_per_step")}
+        out["transformers"]["greedy_output_equals_ours_ar"] = t["outputs"] == ar["outputs"]
+        out["transformers"]["agreement_with_ours_ar"] = agreement(t["outputs"], ar["outputs"])
+        out["ar"]["speedup_vs_transformers"] = ratio(ar, t)
+    for name in tree_names:
+        m = res[f"medusa:{name}"]
+        row = {k: v for k, v in m.items() if k != "outputs"}
+        row["nodes"] = len(eng.resolve_tree(name))
+        row["speedup_vs_ar"] = ratio(m, ar)
+        if t is not None:
+            row["speedup_vs_transformers"] = ratio(m, t)
+        row["greedy_output_equals_ar"] = m["outputs"] == ar["outputs"] if greedy else None
+        row["agreement_with_ar"] = agreement(m["outputs"], ar["outputs"])
+        out["medusa"][name] = row
+    traced = {name: {"tokens_per_s": res[f"{name} traced"]["tokens_per_s"],
+                     "untraced_over_traced": ratio(res[name], res[f"{name} traced"]),
+                     "same_output": res[f"{name} traced"]["outputs"] == res[name]["outputs"]}
+              for name in ["ar"] + [f"medusa:{n}" for n in tree_names] if f"{name} traced" in res}
+    if traced:
+        out["traced"] = traced
+    return out
+
+
 def run_e2e(eng, model: str, prompts: list[list[int]], cfg: GenerationConfig, tree_names: list[str], rounds: int,
-            with_transformers: bool = True) -> dict:
+            with_transformers: bool = True, traced: bool = False) -> dict:
     def runner(c: GenerationConfig):
         def run(ids):
             r = eng.generate(ids, config=c)
@@ -47,29 +85,67 @@ def run_e2e(eng, model: str, prompts: list[list[int]], cfg: GenerationConfig, tr
     runners = {"ar": runner(ar_cfg)}
     for name in tree_names:
         runners[f"medusa:{name}"] = runner(cfg.replace(mode="medusa", tree=name))
+    if traced:  # what the workbench runs: every step traced (gathered on the device, one copy per step)
+        runners["ar traced"] = runner(ar_cfg.replace(trace=True))
+        for name in tree_names:
+            runners[f"medusa:{name} traced"] = runner(cfg.replace(mode="medusa", tree=name, trace=True))
     if with_transformers:
         runners["transformers"] = transformers_runner(eng, model, cfg.max_new_tokens, cfg.stop_on_eos)
-    for run in runners.values():  # warm-up: compile, capture graphs, fill caches
-        for ids in prompts[:2]:
-            run(ids)
+    warm_up(runners, prompts)
     sync = (lambda: __import__("torch").cuda.synchronize()) if eng.device.type == "cuda" else (lambda: None)
     res = round_robin(runners, prompts, rounds, sync)
-    ar = res["ar"]
-    ratios = [distinct_ngram_ratio(o, 4) for o in ar["outputs"] if len(o) >= 4]
-    out = {"rounds": rounds, "ar": {k: v for k, v in ar.items() if k != "outputs"}, "medusa": {}}
+    out = {"rounds": rounds, **summarise(res, eng, tree_names, cfg.accept == "greedy")}
+    ratios = [distinct_ngram_ratio(o, 4) for o in res["ar"]["outputs"] if len(o) >= 4]
     out["ar"]["distinct_4gram_ratio"] = round(sum(ratios) / len(ratios), 3) if ratios else None
-    if with_transformers:
-        t = res["transformers"]
-        out["transformers"] = {k: v for k, v in t.items() if k not in ("outputs", "steps", "tokens_per_step")}
-        out["transformers"]["greedy_output_equals_ours_ar"] = t["outputs"] == ar["outputs"]
-        out["ar"]["speedup_vs_transformers"] = ratio(ar, t)
-    for name in tree_names:
-        m = res[f"medusa:{name}"]
-        row = {k: v for k, v in m.items() if k != "outputs"}
-        row["nodes"] = len(eng.resolve_tree(name))
-        row["speedup_vs_ar"] = ratio(m, ar)
-        if with_transformers:
-            row["speedup_vs_transformers"] = ratio(m, res["transformers"])
-        row["greedy_output_equals_ar"] = m["outputs"] == ar["outputs"] if cfg.accept == "greedy" else None
-        out["medusa"][name] = row
     return out
+
+
+def run_e2e_shape(shape: str, tree_names: list[str], prompts: int, prompt_len: int, max_new: int, rounds: int,
+                  backend: str, skinny_gemm: bool = False) -> dict:
+    """The engine end to end on a random-weight model of a real shape (bench/step.py's SHAPES) with oracle
+    drafts: the AR greedy continuation is computed first, then each head proposes its token at a rank
+    drawn from the demo model's measured per-head rank distribution (else misses). Verification,
+    compaction, graphs and host work are real; only the draft quality is set."""
+    import torch
+
+    import trees
+
+    from ..engine import Engine
+    from ..loading import DEMO_DIR
+    from .oracle import oracle_for, sampled_ranks
+    from .step import random_pair
+
+    hf, model = random_pair(shape, backend, fused=True, skinny_gemm=skinny_gemm)
+    eng = Engine(model, None, None, shape, "oracle", cuda_graphs=True)
+    g = torch.Generator().manual_seed(0)
+    ids = [torch.randint(100, model.args.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(prompts)]
+    cfg = GenerationConfig(max_new_tokens=max_new, mode="ar", stop_on_eos=False)
+    ar_out = [eng.generate(p, config=cfg).token_ids for p in ids]
+    demo = trees.ar_runs(trees.read_runs(DEMO_DIR / "tune_traces.jsonl"))
+    acc = trees.head_stats([v for r in demo for v in r.vectors], 4, topk=10).accuracy()
+    eng.heads = oracle_for(model, [p + o for p, o in zip(ids, ar_out)], [len(p) for p in ids], 4, sampled_ranks(acc))
+
+    def runner(c: GenerationConfig):
+        def run(p):
+            r = eng.generate(p, config=c)
+            return r.token_ids, r.steps
+        return run
+
+    def hf_run(p):
+        x = torch.tensor([p], device="cuda")
+        with torch.inference_mode():
+            y = hf.generate(x, max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False, pad_token_id=0)
+        out = y[0, len(p):].tolist()
+        return out, len(out)
+
+    runners = {"ar": runner(cfg)} | {f"medusa:{t}": runner(cfg.replace(mode="medusa", tree=t)) for t in tree_names}
+    runners["ar traced"] = runner(cfg.replace(trace=True))
+    runners[f"medusa:{tree_names[-1]} traced"] = runner(cfg.replace(mode="medusa", tree=tree_names[-1], trace=True))
+    runners["transformers"] = hf_run
+    warm_up(runners, ids)
+    res = round_robin(runners, ids, rounds, torch.cuda.synchronize)
+    return {"shape": shape, "weights": "random (bf16)", "draft": "oracle heads: each head's rank of the true token "
+            "drawn from the demo model's per-head rank distribution (tune traces); misses otherwise",
+            "head_top1_used": [round(a[0], 3) for a in acc], "prompts": prompts, "prompt_len": prompt_len,
+            "max_new_tokens": max_new, "rounds": rounds, "skinny_gemm": skinny_gemm,
+            **summarise(res, eng, tree_names)}

@@ -27,7 +27,7 @@ TREE_SIZES = (16, 32, 64)
 HEAD_ACCURACY = [[0.6, 0.15, 0.08, 0.05, 0.03]] * 4  # shapes the benchmark trees (best-first under independence)
 
 
-def random_pair(shape: str, backend: str, fused: bool, hf=None):
+def random_pair(shape: str, backend: str, fused: bool, hf=None, skinny_gemm: bool = False):
     """(transformers model with random bf16 weights on CUDA, our model sharing its tensors)."""
     import torch
     import transformers
@@ -37,8 +37,8 @@ def random_pair(shape: str, backend: str, fused: bool, hf=None):
         with torch.device("cuda"):
             hf = transformers.LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16).eval()
     args = ModelArgs.from_hf_config({**cfg.to_dict(), "model_type": "llama"}, where=shape)
-    ours, _, _ = fill_model(build_model(args, backend=backend, fused=fused), hf.state_dict().items(), "cuda",
-                            torch.bfloat16, shape, share=True)
+    ours, _, _ = fill_model(build_model(args, backend=backend, fused=fused, skinny_gemm=skinny_gemm),
+                            hf.state_dict().items(), "cuda", torch.bfloat16, shape, share=True)
     return hf, ours
 
 
@@ -50,6 +50,7 @@ def run_step(shapes: list[str], prefix: int, backend: str) -> dict:
     for name in shapes:
         hf, plain = random_pair(name, backend, fused=False)
         _, fused = random_pair(name, backend, fused=True, hf=hf)
+        _, skinny = random_pair(name, backend, fused=True, hf=hf, skinny_gemm=True)
         dim = hf.config.hidden_size
         heads = MedusaHeads(4, 1, dim, None).to("cuda", torch.bfloat16)
         with torch.no_grad():
@@ -60,7 +61,9 @@ def run_step(shapes: list[str], prefix: int, backend: str) -> dict:
         prompt = torch.randint(0, hf.config.vocab_size, (prefix,)).tolist()
         tree_of = {n: trees.best_tree_independent(HEAD_ACCURACY, n) if n else None for n in (0, *TREE_SIZES)}
         buf_of = {n: trees.buffers(c, topk=10).to("cuda") if n else None for n, c in tree_of.items()}
-        for variant, model, graphed in (("", plain, False), ("_graph", plain, True), ("_graph_fused", fused, True)):
+        row["gemm"] = gemm_table(fused, bw)
+        for variant, model, graphed in (("", plain, False), ("_graph", plain, True), ("_graph_fused", fused, True),
+                                        ("_graph_fused_skinny", skinny, True)):
             model.setup_cache(1, prefix + 1024)
             graphs = StepGraphs(model) if graphed else None
             for n, choices in tree_of.items():
@@ -80,7 +83,7 @@ def run_step(shapes: list[str], prefix: int, backend: str) -> dict:
                     state = prefill(model, heads if n else None, [prompt], GREEDY, None)
                     row[f"{key}_kernels"] = kernel_breakdown(functools.partial(step, graphs=None, state=state))
             model.cache = None
-        for v in ("", "_graph", "_graph_fused"):
+        for v in ("", "_graph", "_graph_fused", "_graph_fused_skinny"):
             row[f"ar{v}_over_floor"] = round(row[f"ar{v}_ms"] / floor_ms, 3)
             for n in TREE_SIZES:
                 row[f"tree_{n}{v}_over_ar{v}"] = round(row[f"tree_{n}{v}_ms"] / row[f"ar{v}_ms"], 3)
@@ -94,9 +97,37 @@ def run_step(shapes: list[str], prefix: int, backend: str) -> dict:
         row["transformers_generate_ms_per_token"] = round(per_token, 3)
         row["transformers_over_ours_ar_graph_fused"] = round(per_token / row["ar_graph_fused_ms"], 3)
         out["rows"].append(row)
-        hf = plain = fused = None  # free this shape's weights before the next
+        hf = plain = fused = skinny = None  # free this shape's weights before the next
         torch.cuda.empty_cache()
     return out
+
+
+def gemm_table(model, bw: float) -> list[dict]:
+    """Each projection of one layer (and lm_head) at M = 1, 16, 64 rows: cuBLAS (F.linear) against our
+    skinny GEMM, median µs, and the weight-read bandwidth each reaches over the measured copy bandwidth."""
+    import torch
+    import triton
+
+    from ..kernels import gemv
+
+    layer = model.layers[0]
+    mats = {"qkv": layer.self_attn.qkv_proj.weight, "o": layer.self_attn.o_proj.weight,
+            "gate_up": layer.mlp.gate_up_proj.weight, "down": layer.mlp.down_proj.weight, "lm_head": model.lm_head.weight}
+    rows = []
+    for name, w in mats.items():
+        n, k = w.shape
+        for m in (1, 16, 64):
+            x = torch.randn(m, k, device="cuda", dtype=w.dtype)
+            ref = torch.nn.functional.linear(x, w)
+            err = ((gemv.linear(x, w).float() - ref.float()).norm() / ref.float().norm()).item()
+            cublas = triton.testing.do_bench(lambda: torch.nn.functional.linear(x, w), warmup=25, rep=100,
+                                             return_mode="median") * 1e3
+            ours = triton.testing.do_bench(lambda: gemv.linear(x, w), warmup=25, rep=100, return_mode="median") * 1e3
+            nbytes = n * k * w.element_size()
+            rows.append({"matrix": name, "N": n, "K": k, "M": m, "cublas_us": round(cublas, 2), "ours_us": round(ours, 2),
+                         "cublas_of_copy_bw": round(nbytes / (cublas * 1e-6) / bw, 3),
+                         "ours_of_copy_bw": round(nbytes / (ours * 1e-6) / bw, 3), "ours_rel_error": float(f"{err:.1e}")})
+    return rows
 
 
 def kernel_breakdown(fn, steps: int = 5) -> dict:
@@ -119,9 +150,10 @@ def kernel_breakdown(fn, steps: int = 5) -> dict:
         if us <= 0:  # host-side events (launch calls) carry no device time
             continue
         name = e.key.lower()
-        kind = ("gemm" if any(w in name for w in ("gemm", "gemv", "nvjet", "cutlass", "sm90", "splitk")) else
-                "attention" if "tree_attn" in name else
-                "fused (compiled)" if name.startswith("triton_") else
+        kind = ("gemm" if any(w in name for w in ("gemm", "gemv", "nvjet", "cutlass", "sm90", "splitk", "_skinny")) else
+                "attention" if "tree_attn" in name or "merge_splits" in name else
+                "fused pointwise (ours)" if any(w in name for w in ("_add_rms_norm", "_rope_qkv", "_silu_mul")) else
+                "compaction" if "_compact" in name else
                 "index/copy" if any(w in name for w in ("index", "copy", "memcpy", "memset", "scatter", "gather", "cat"))
                 else "other")
         k = kinds.setdefault(kind, [0.0, 0])

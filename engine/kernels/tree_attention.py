@@ -30,7 +30,7 @@ try:
 except ImportError:  # CPU-only installs: the reference below still works
     triton = None
 
-BLOCK_N = 64  # keys per inner iteration
+BLOCK_N = 64  # keys per inner iteration of the merge's split arithmetic (the split kernel tunes its own)
 MIN_SPLIT = 256  # fewest prefix keys worth a split of their own
 
 
@@ -83,12 +83,17 @@ if triton is not None:
         chunk = tl.cdiv(tl.cdiv(tl.maximum(start, 1), n_live), BLOCK_N) * BLOCK_N
         return n_live, chunk
 
+    @triton.autotune(  # tuned once per tile shape, in the eager warm-up steps before any graph capture
+        configs=[triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
+                 for bn, w, s in ((64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 4, 2), (128, 8, 2), (128, 8, 3))],
+        key=["BLOCK_M", "D", "IEEE"],
+    )
     @triton.jit
     def _tree_attn_split(
         Q, K, V, MB, PO, PL, Starts,
         sqb, sqh, sqt, skb, skh, sks, svb, svh, svs,
         n_kv_heads, T, G, W, n_splits, sm_scale,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr, MIN_SPLIT: tl.constexpr,
+        BLOCK_M: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr, MIN_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
         pid_bh = tl.program_id(0)
         pid_m = tl.program_id(1)
@@ -243,10 +248,10 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int
         q, k, v, tree_bits, po, pl, starts,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         hkv, t, g, tree_bits.shape[1], n_splits, 1.0 / math.sqrt(d),
-        BLOCK_M=block_m, BLOCK_N=BLOCK_N, D=d, IEEE=ieee, MIN_SPLIT=MIN_SPLIT,
-        num_warps=8 if block_m >= 128 else 4,
+        BLOCK_M=block_m, D=d, IEEE=ieee, MIN_SPLIT=MIN_SPLIT,
     )
-    out = torch.empty_like(q)
+    # [B, T, Hq, D] in memory, seen as [B, Hq, T, D]: the caller's transpose + reshape to [B, T, Hq*D] is free
+    out = torch.empty(b, t, hq, d, device=q.device, dtype=q.dtype).transpose(1, 2)
     block_r = 16
     _merge_splits[(b * hkv, triton.cdiv(rows, block_r))](
         po, pl, out, starts, out.stride(0), out.stride(1), out.stride(2),

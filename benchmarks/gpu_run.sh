@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The recorded H200 runs (benchmarks/README.md), in two parts that each fit one device call:
+#   bash benchmarks/gpu_run.sh A   GPU tests, attention kernel, demo end to end (128 and 960 tokens), latency + size choice
+#   bash benchmarks/gpu_run.sh B   one step at 7B/8B shapes, 7B-shape end to end with oracle drafts
+# JSON goes to $OUT (the device tool's output folder) or ./gpu_out.
+set -uo pipefail
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+P=benchmarks/prompts/thirdparty_test.jsonl
+run() { local name=$1; shift; local t0=$SECONDS; "$@" > "$OUT/$name.json" 2> "$OUT/$name.err"; echo "$name: exit $? in $((SECONDS - t0)) s"; }
+nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.mem --format=csv,noheader
+if [ "${1:-A}" = A ]; then
+  python3 -m pytest tests/test_kernels_gpu.py tests/test_graphs_gpu.py -p no:cacheprovider -o addopts="" -q 2>&1 \
+    | tee "$OUT/gpu_tests.log" | tail -4
+  run gpu_attention python3 -m engine bench --part attention --markdown
+  run demo_gpu_e2e_128 python3 -m engine bench --part e2e --prompts-file $P --prompts 12 --max-new-tokens 128 \
+      --no-stop-on-eos --rounds 3 --traced
+  run demo_gpu_e2e_960 python3 -m engine bench --part e2e --prompts-file $P --prompts 12 --max-new-tokens 960 \
+      --no-stop-on-eos --rounds 2 --no-transformers
+  python3 -m engine collect-traces --prompts-file $P --prompts 12 --max-new-tokens 128 --no-stop-on-eos \
+      --out "$OUT/gpu_tune_traces.jsonl" > /dev/null
+  run demo_gpu_latency python3 -m engine bench --part latency --prompts-file $P --prompts 12 --max-new-tokens 128 \
+      --no-stop-on-eos --traces "$OUT/gpu_tune_traces.jsonl" --sizes 2,4,8,12,16,24,32,48,64 --rounds 3
+  rm -f "$OUT/gpu_tune_traces.jsonl"
+else
+  python3 -m pytest tests/test_graphs_gpu.py -p no:cacheprovider -o addopts="" -q 2>&1 | tail -3
+  run gpu_step python3 -m engine bench --part step
+  run gpu_e2e_llama2_7b python3 -m engine bench --part e2e --shape llama2-7b --prompts 4 --max-new-tokens 256 \
+      --no-stop-on-eos --rounds 2 --trees demo_tuned,mc_sim_7b_63
+  run demo_gpu_e2e_128_ours python3 -m engine bench --part e2e --prompts-file $P --prompts 12 --max-new-tokens 128 \
+      --no-stop-on-eos --rounds 2 --no-transformers --trees mc_sim_7b_63
+  run demo_gpu_e2e_128_fp32 python3 -m engine bench --part e2e --prompts-file $P --prompts 12 --max-new-tokens 128 \
+      --no-stop-on-eos --rounds 1 --no-transformers --dtype float32 --trees demo_tuned,mc_sim_7b_63
+  run gpu_e2e_llama2_7b_skinny python3 -m engine bench --part e2e --shape llama2-7b --prompts 4 --max-new-tokens 256 \
+      --no-stop-on-eos --rounds 2 --trees demo_tuned,mc_sim_7b_63 --skinny-gemm
+fi

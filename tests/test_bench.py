@@ -1,0 +1,66 @@
+"""`python -m engine bench` on the CPU with the demo model: the JSON says what ran, counts what it
+should, and its correctness fields are true where they must be (greedy fp32 Medusa == AR ==
+transformers). No timing is asserted."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from engine.bench.common import round_robin, warm_up
+
+pytestmark = pytest.mark.slow
+
+
+def bench(*args: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "engine", "bench", "--device", "cpu", "--threads", "2", *args],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_e2e_json_counts_every_round_and_greedy_outputs_agree():
+    res = bench("--part", "e2e", "--prompts", "3", "--max-new-tokens", "12", "--no-stop-on-eos", "--rounds", "2",
+                "--trees", "chain_2,kary_2x2", "--traced")
+    assert res["ar"]["tokens"] == 3 * 12 * 2 and len(res["ar"]["round_tokens_per_s"]) == 2
+    assert res["transformers"]["greedy_output_equals_ours_ar"] is True
+    for name in ("chain_2", "kary_2x2"):
+        row = res["medusa"][name]
+        assert row["tokens"] == 72 and row["greedy_output_equals_ar"] is True
+        assert row["agreement_with_ar"] == {"identical": 3, "of": 3, "first_divergence_at": []}
+        assert 1 < row["tokens_per_step"] <= 3 and row["speedup_vs_ar"]["n"] == 2
+    assert set(res["traced"]) == {"ar", "medusa:chain_2", "medusa:kary_2x2"}
+    assert all(t["same_output"] for t in res["traced"].values())
+
+
+def test_latency_json_has_every_size_and_a_choice_among_them():
+    from engine.loading import DEMO_DIR
+
+    res = bench("--part", "latency", "--prompts", "2", "--max-new-tokens", "12", "--no-stop-on-eos", "--rounds", "2",
+                "--sizes", "2,4", "--traces", str(DEMO_DIR / "tune_traces.jsonl"))
+    assert [p["nodes"] for p in res["points"]] == [0, 2, 4] and res["points"][0]["tokens_per_step"] == 1
+    assert [len(res["trees"][n]) for n in ("2", "4")] == [2, 4]
+    choice = res["size_choice"]
+    assert choice["chosen"] in (0, 2, 4) and choice["runner_up"] in {0, 2, 4} - {choice["chosen"]}
+    assert isinstance(choice["chosen_is_fastest_or_within_ci"], bool)
+
+
+def test_warm_up_runs_the_longest_prompt_first_then_the_shortest():
+    seen = []
+    warm_up({"a": lambda p: seen.append(("a", p)), "b": lambda p: seen.append(("b", p))}, [[1, 2], [1, 2, 3, 4], [5]])
+    assert seen == [("a", [1, 2, 3, 4]), ("b", [1, 2, 3, 4]), ("a", [5]), ("b", [5])]
+
+
+def test_round_robin_interleaves_modes_within_each_prompt():
+    order = []
+
+    def runner(name):
+        def run(p):
+            order.append((name, p))
+            return [p] * 3, 2
+        return run
+
+    res = round_robin({"x": runner("x"), "y": runner("y")}, [1, 2], rounds=2)
+    assert order == [("x", 1), ("y", 1), ("x", 2), ("y", 2)] * 2
+    assert res["x"]["tokens"] == 12 and res["x"]["steps"] == 8 and res["x"]["outputs"] == [[1] * 3, [2] * 3]
