@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The recorded H200 runs (benchmarks/README.md), in two parts that each fit one device call:
+# The recorded H200 runs (benchmarks/README.md). Each part fits one device call (10 minutes):
 #   bash benchmarks/gpu_run.sh A   GPU tests, attention kernel, demo end to end (128 and 960 tokens), latency + size choice
-#   bash benchmarks/gpu_run.sh B   one step at 7B/8B shapes, 7B-shape end to end with oracle drafts
+#   bash benchmarks/gpu_run.sh B   one step at 7B/8B shapes, 7B-shape end to end with oracle drafts (bf16)
+#   bash benchmarks/gpu_run.sh 1   one step at 7B/8B shapes; 7B-shape end to end with oracle drafts in float32
+#   bash benchmarks/gpu_run.sh 2   (FA4 installed, FLASH_ATTN_SITE set: fa4_install.sh) every GPU test, attention with FA4
+#   bash benchmarks/gpu_run.sh 3   demo end to end, triton and flash_attn; one 7B step with flash_attn
 # JSON goes to $OUT (the device tool's output folder) or ./gpu_out.
 set -uo pipefail
 OUT=${OUT:-gpu_out}
@@ -10,7 +13,22 @@ export PYTHONUNBUFFERED=1
 P=benchmarks/prompts/thirdparty_test.jsonl
 run() { local name=$1; shift; local t0=$SECONDS; "$@" > "$OUT/$name.json" 2> "$OUT/$name.err"; echo "$name: exit $? in $((SECONDS - t0)) s"; }
 nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.mem --format=csv,noheader
-if [ "${1:-A}" = A ]; then
+part=${1:-A}
+if [ "$part" = 1 ]; then
+  run gpu_step python3 -m engine bench --part step
+  run gpu_e2e_llama2_7b_fp32 python3 -m engine bench --part e2e --shape llama2-7b --dtype float32 --prompts 4 \
+      --max-new-tokens 256 --no-stop-on-eos --rounds 1 --trees demo_tuned,mc_sim_7b_63
+elif [ "$part" = 2 ]; then
+  timeout 420 python3 -m pytest tests/test_kernels_gpu.py tests/test_graphs_gpu.py tests/test_flash4_gpu.py \
+      -p no:cacheprovider -o addopts="" -q -rs 2>&1 | tee "$OUT/gpu_tests.log" | tail -8
+  run gpu_attention timeout 170 python3 -m engine bench --part attention --markdown
+elif [ "$part" = 3 ]; then
+  for b in triton flash_attn; do
+    run demo_gpu_e2e_128_$b python3 -m engine bench --part e2e --prompts-file $P --prompts 12 --max-new-tokens 128 \
+        --no-stop-on-eos --rounds 2 --traced --no-transformers --backend $b
+  done
+  run gpu_step_flash_attn python3 -m engine bench --part step --shapes llama2-7b --backend flash_attn
+elif [ "$part" = A ]; then
   python3 -m pytest tests/test_kernels_gpu.py tests/test_graphs_gpu.py -p no:cacheprovider -o addopts="" -q 2>&1 \
     | tee "$OUT/gpu_tests.log" | tail -4
   run gpu_attention python3 -m engine bench --part attention --markdown

@@ -4,6 +4,8 @@ A forward builds one `AttentionContext` (per-request starts, the slots read, and
 form its backend wants), and every layer calls `attention(q, k, v, ctx)` with it. Backends:
   sdpa    the reference, any device: `kernels.tree_attention.tree_attention_reference`
   triton  our tree-masked split-KV flash-decoding kernel (CUDA): `kernels.tree_attention.tree_attention`
+  flash_attn  FlashAttention-4 with the tree as a mask_mod (CUDA, bf16/fp16, where importable):
+          `kernels.flash4.flash4_attention`
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
+from .kernels import flash4
 from .kernels.tree_attention import reference_mask, tree_attention, tree_attention_reference
 
-BACKENDS = ("sdpa", "triton")
+BACKENDS = ("sdpa", "triton", "flash_attn")
 
 
 @functools.lru_cache(maxsize=64)
@@ -32,7 +35,8 @@ class AttentionContext:
     """What all layers of one forward share. `start`: committed prefix length, an int for the whole
     batch or a [B] device tensor per request; `span`: cache slots the layers read (>= start + T);
     `block_mask` [T, T] bool (None = causal); `sdpa_mask`: the dense boolean mask (sdpa backend);
-    `tree_bits` [T, W] int64: block_mask packed 64 columns per word (triton backend)."""
+    `tree_bits` [T, W] int64: block_mask packed 64 columns per word (triton backend); `seqused_k` [B]
+    int32 live lengths and `visible` [T, T + 1] int32 (None = causal) for the flash_attn backend."""
 
     backend: str
     start: int | torch.Tensor
@@ -40,10 +44,12 @@ class AttentionContext:
     block_mask: torch.Tensor | None
     sdpa_mask: torch.Tensor | None = None
     tree_bits: torch.Tensor | None = None
+    seqused_k: torch.Tensor | None = None
+    visible: torch.Tensor | None = None
 
     @classmethod
     def build(cls, backend: str, start: int | torch.Tensor, t: int, span: int, block_mask: torch.Tensor | None,
-              tree_bits: torch.Tensor | None, groups: int, device: torch.device) -> AttentionContext:
+              tree_bits: torch.Tensor | None, groups: int, device: torch.device, batch: int = 1) -> AttentionContext:
         """Prepare the mask once per forward (tree_bits, when given, is block_mask already packed on the
         device: required inside a CUDA graph)."""
         if backend not in BACKENDS:
@@ -53,6 +59,9 @@ class AttentionContext:
             plain_prefill = isinstance(start, int) and start == 0 and block_mask is None
             if not plain_prefill:
                 ctx.sdpa_mask = reference_mask(start, block_mask, t, span, groups, device)
+        elif backend == "flash_attn":
+            ctx.seqused_k = flash4.live_lengths(start, t, batch, device)
+            ctx.visible = flash4.visible_table(block_mask.to(device)) if block_mask is not None else None
         elif tree_bits is not None:
             ctx.tree_bits = tree_bits
         elif block_mask is None:
@@ -69,4 +78,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionC
     k, v = k[:, :, : ctx.span], v[:, :, : ctx.span]
     if ctx.backend == "sdpa":
         return tree_attention_reference(q, k, v, ctx.start, ctx.block_mask, ctx.sdpa_mask)
+    if ctx.backend == "flash_attn":
+        return flash4.flash4_attention(q, k, v, ctx.seqused_k, ctx.visible)
     return tree_attention(q, k, v, ctx.start, tree_bits=ctx.tree_bits)

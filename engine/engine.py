@@ -317,7 +317,7 @@ def load(
     dev = parse_device(device)
     dt = parse_dtype(dtype, dev)
     backend = backend or default_backend(dev)
-    check_backend(backend, dev)
+    check_backend(backend, dev, dt)
     graphs = dev.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
     if graphs and dev.type != "cuda":
         raise ModelLoadError("cuda_graphs needs a CUDA device")

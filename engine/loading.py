@@ -71,14 +71,21 @@ def default_backend(device: torch.device) -> str:
     return "triton" if device.type == "cuda" and tree_attention.triton is not None else "sdpa"
 
 
-def check_backend(backend: str, device: torch.device) -> None:
+def check_backend(backend: str, device: torch.device, dtype: torch.dtype | None = None) -> None:
+    """A backend that cannot run here is refused at load, in one line, not at the first step."""
     from .attention import BACKENDS
-    from .kernels import tree_attention
+    from .kernels import flash4, tree_attention
 
     if backend not in BACKENDS:
         raise ModelLoadError(f"unknown attention backend {backend!r}; choose from {', '.join(BACKENDS)}")
     if backend == "triton" and (device.type != "cuda" or tree_attention.triton is None):
         raise ModelLoadError("the triton backend needs a CUDA device and Triton installed; use --backend sdpa")
+    if backend == "flash_attn":
+        if (why := flash4.unavailable_reason(device)) is not None:
+            raise ModelLoadError(f"{why}; use --backend triton or sdpa")
+        if dtype is not None and dtype not in flash4.DTYPES:
+            raise ModelLoadError(f"the flash_attn backend runs bfloat16/float16, not {str(dtype).removeprefix('torch.')}; "
+                                 "pass --dtype bfloat16 or use --backend triton")
 
 
 def build_model(args: ModelArgs, tp: TP = SINGLE, device: str | torch.device = "meta", backend: str = "sdpa",

@@ -235,7 +235,7 @@ class Transformer(nn.Module):
             span = span if isinstance(start, torch.Tensor) else start + t
             a = self.args
             ctx = AttentionContext.build(self.backend, start, t, span, block_mask, tree_bits, a.n_heads // a.n_kv_heads,
-                                         x.device)
+                                         x.device, batch=b)
         rope_cs = None if fused else rope.rope_tables(positions, self.inv_freq, x.dtype)
         # x += attn(norm(x)); x += mlp(norm(x)); ... norm(x), each residual add fused into the next norm
         first = self.layers[0].input_layernorm if len(self.layers) else self.norm

@@ -124,6 +124,7 @@ def bad_cases(d):
         ("engine", ["generate", "--prompt", "x", "--device", "bogus"], "unknown device"),
         ("engine", ["generate", "--prompt", "x", "--device", "cuda"], "no CUDA"),
         ("engine", ["generate", "--prompt", "x", "--device", "cpu", "--backend", "triton"], "needs a CUDA device"),
+        ("engine", ["generate", "--prompt", "x", "--device", "cpu", "--backend", "flash_attn"], "needs a CUDA device"),
         ("engine", ["generate", "--prompt", "x", "--device", "cpu", "--seed", str(2**70)], "seed must be"),
         ("engine", ["generate", "--prompt", "x", "--device", "cpu", "--tp", "0"], "positive integer"),
         ("engine", ["generate", "--prompt", "x", "--device", "cpu", "--max-seq-len", "0"], "positive integer"),

@@ -59,7 +59,8 @@ def run_bench(a) -> int:
             raise ValueError("bench --part e2e --shape needs a CUDA device")
         cfg = config_from_arguments(a)
         res = run_e2e_shape(a.shape, [t for t in a.trees.split(",") if t], a.prompts or 4, a.prompt_len,
-                            cfg.max_new_tokens, a.rounds, a.backend or "triton", bool(a.skinny_gemm))
+                            cfg.max_new_tokens, a.rounds, a.backend or "triton", bool(a.skinny_gemm),
+                            a.dtype or "bfloat16")
         print(json.dumps({"part": "e2e", "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(),
                           "torch": torch.__version__, **res}))
         return 0

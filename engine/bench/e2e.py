@@ -101,11 +101,13 @@ def run_e2e(eng, model: str, prompts: list[list[int]], cfg: GenerationConfig, tr
 
 
 def run_e2e_shape(shape: str, tree_names: list[str], prompts: int, prompt_len: int, max_new: int, rounds: int,
-                  backend: str, skinny_gemm: bool = False) -> dict:
+                  backend: str, skinny_gemm: bool = False, dtype: str = "bfloat16") -> dict:
     """The engine end to end on a random-weight model of a real shape (bench/step.py's SHAPES) with oracle
     drafts: the AR greedy continuation is computed first, then each head proposes its token at a rank
     drawn from the demo model's measured per-head rank distribution (else misses). Verification,
-    compaction, graphs and host work are real; only the draft quality is set."""
+    compaction, graphs and host work are real; only the draft quality is set. In bf16, random weights give
+    near-tied logits, so tree steps and AR steps diverge within tens of tokens and the oracle stops
+    matching; float32 keeps the tree equal to AR (the measured tokens/step is then the oracle's)."""
     import torch
 
     import trees
@@ -115,7 +117,7 @@ def run_e2e_shape(shape: str, tree_names: list[str], prompts: int, prompt_len: i
     from .oracle import oracle_for, sampled_ranks
     from .step import random_pair
 
-    hf, model = random_pair(shape, backend, fused=True, skinny_gemm=skinny_gemm)
+    hf, model = random_pair(shape, backend, fused=True, skinny_gemm=skinny_gemm, dtype=dtype)
     eng = Engine(model, None, None, shape, "oracle", cuda_graphs=True)
     g = torch.Generator().manual_seed(0)
     ids = [torch.randint(100, model.args.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(prompts)]
@@ -144,7 +146,7 @@ def run_e2e_shape(shape: str, tree_names: list[str], prompts: int, prompt_len: i
     runners["transformers"] = hf_run
     warm_up(runners, ids)
     res = round_robin(runners, ids, rounds, torch.cuda.synchronize)
-    return {"shape": shape, "weights": "random (bf16)", "draft": "oracle heads: each head's rank of the true token "
+    return {"shape": shape, "weights": f"random ({dtype})", "draft": "oracle heads: each head's rank of the true token "
             "drawn from the demo model's per-head rank distribution (tune traces); misses otherwise",
             "head_top1_used": [round(a[0], 3) for a in acc], "prompts": prompts, "prompt_len": prompt_len,
             "max_new_tokens": max_new, "rounds": rounds, "skinny_gemm": skinny_gemm,

@@ -27,18 +27,19 @@ TREE_SIZES = (16, 32, 64)
 HEAD_ACCURACY = [[0.6, 0.15, 0.08, 0.05, 0.03]] * 4  # shapes the benchmark trees (best-first under independence)
 
 
-def random_pair(shape: str, backend: str, fused: bool, hf=None, skinny_gemm: bool = False):
-    """(transformers model with random bf16 weights on CUDA, our model sharing its tensors)."""
+def random_pair(shape: str, backend: str, fused: bool, hf=None, skinny_gemm: bool = False, dtype: str = "bfloat16"):
+    """(transformers model with random weights (bf16 unless told) on CUDA, our model sharing its tensors)."""
     import torch
     import transformers
 
+    dt = getattr(torch, dtype)
     cfg = transformers.LlamaConfig(**SHAPES[shape], tie_word_embeddings=False)
     if hf is None:
         with torch.device("cuda"):
-            hf = transformers.LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16).eval()
+            hf = transformers.LlamaForCausalLM._from_config(cfg, dtype=dt).eval()
     args = ModelArgs.from_hf_config({**cfg.to_dict(), "model_type": "llama"}, where=shape)
     ours, _, _ = fill_model(build_model(args, backend=backend, fused=fused, skinny_gemm=skinny_gemm),
-                            hf.state_dict().items(), "cuda", torch.bfloat16, shape, share=True)
+                            hf.state_dict().items(), "cuda", dt, shape, share=True)
     return hf, ours
 
 
@@ -150,8 +151,8 @@ def kernel_breakdown(fn, steps: int = 5) -> dict:
         if us <= 0:  # host-side events (launch calls) carry no device time
             continue
         name = e.key.lower()
-        kind = ("gemm" if any(w in name for w in ("gemm", "gemv", "nvjet", "cutlass", "sm90", "splitk", "_skinny")) else
-                "attention" if "tree_attn" in name or "merge_splits" in name else
+        kind = ("attention" if any(w in name for w in ("tree_attn", "merge_splits", "flashattention", "flash_fwd")) else
+                "gemm" if any(w in name for w in ("gemm", "gemv", "nvjet", "cutlass", "sm90", "splitk", "_skinny")) else
                 "fused pointwise (ours)" if any(w in name for w in ("_add_rms_norm", "_rope_qkv", "_silu_mul")) else
                 "compaction" if "_compact" in name else
                 "index/copy" if any(w in name for w in ("index", "copy", "memcpy", "memset", "scatter", "gather", "cat"))
