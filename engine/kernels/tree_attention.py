@@ -32,6 +32,10 @@ except ImportError:  # CPU-only installs: the reference below still works
 
 BLOCK_N = 64  # keys per inner iteration of the merge's split arithmetic (the split kernel tunes its own)
 MIN_SPLIT = 256  # fewest prefix keys worth a split of their own
+# a launch provides for SPLIT_FILL x the SM count programs at full capacity: 2 measured 8 % faster
+# (geometric mean over T 1-64, L 1k-32k, MHA and GQA) than 4 or 8, whose extra splits cost more in
+# partial outputs written and merged than they gain in parallelism (benchmarks/attn_split_sweep.py)
+SPLIT_FILL = 2
 
 
 # -- reference ------------------------------------------------------------------------------------
@@ -211,10 +215,10 @@ def block_rows(rows: int, dtype: torch.dtype) -> int:
 
 
 def split_count(batch: int, kv_heads: int, m_blocks: int, capacity: int, device) -> int:
-    """Prefix splits a launch provides for: enough programs to fill the GPU about four times over at
-    full capacity; each program then uses only the splits its live length needs (`_live_splits`)."""
+    """Prefix splits a launch provides for: enough programs to fill the GPU about SPLIT_FILL times over
+    at full capacity; each program then uses only the splits its live length needs (`_live_splits`)."""
     programs = batch * kv_heads * m_blocks
-    want = max(1, (4 * _sm_count(device)) // max(programs, 1))
+    want = max(1, (SPLIT_FILL * _sm_count(device)) // max(programs, 1))
     return max(1, min(triton.cdiv(max(capacity, 1), MIN_SPLIT), want))
 
 
