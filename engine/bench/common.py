@@ -32,6 +32,23 @@ def env(eng) -> dict:
             "backend": eng.model.backend, "cuda_graphs": eng.graphs is not None}
 
 
+def engine_runner(eng, cfg) -> Callable[[object], tuple[list[int], int]]:
+    """A `round_robin` runner: eng.generate under `cfg` -> (output token ids, steps)."""
+    def run(prompt):
+        r = eng.generate(prompt, config=cfg)
+        return r.token_ids, r.steps
+    return run
+
+
+def device_sync(eng) -> Callable[[], None]:
+    """What `round_robin` calls around each timed run: a CUDA sync on the GPU, nothing on the CPU."""
+    if eng.device.type == "cuda":
+        import torch
+
+        return torch.cuda.synchronize
+    return lambda: None
+
+
 def warm_up(runners: dict[str, Callable[[object], object]], prompts: Sequence) -> None:
     """Run every runner on the longest prompt, then the shortest, before anything is timed: the KV
     cache reaches the capacity the timed prompts need (a larger cache is a new allocation, and every

@@ -4,7 +4,7 @@ generate on the same prompts, timed round-robin; greedy Medusa output checked eq
 from __future__ import annotations
 
 from ..generation import GenerationConfig
-from .common import ratio, round_robin, warm_up
+from .common import device_sync, engine_runner, ratio, round_robin, warm_up
 
 
 def agreement(outs: list[list[int]], ref: list[list[int]]) -> dict:
@@ -75,25 +75,18 @@ def summarise(res: dict[str, dict], eng, tree_names: list[str], greedy: bool = T
 
 def run_e2e(eng, model: str, prompts: list[list[int]], cfg: GenerationConfig, tree_names: list[str], rounds: int,
             with_transformers: bool = True, traced: bool = False) -> dict:
-    def runner(c: GenerationConfig):
-        def run(ids):
-            r = eng.generate(ids, config=c)
-            return r.token_ids, r.steps
-        return run
-
     ar_cfg = cfg.replace(mode="ar")
-    runners = {"ar": runner(ar_cfg)}
+    runners = {"ar": engine_runner(eng, ar_cfg)}
     for name in tree_names:
-        runners[f"medusa:{name}"] = runner(cfg.replace(mode="medusa", tree=name))
+        runners[f"medusa:{name}"] = engine_runner(eng, cfg.replace(mode="medusa", tree=name))
     if traced:  # what the workbench runs: every step traced (gathered on the device, one copy per step)
-        runners["ar traced"] = runner(ar_cfg.replace(trace=True))
+        runners["ar traced"] = engine_runner(eng, ar_cfg.replace(trace=True))
         for name in tree_names:
-            runners[f"medusa:{name} traced"] = runner(cfg.replace(mode="medusa", tree=name, trace=True))
+            runners[f"medusa:{name} traced"] = engine_runner(eng, cfg.replace(mode="medusa", tree=name, trace=True))
     if with_transformers:
         runners["transformers"] = transformers_runner(eng, model, cfg.max_new_tokens, cfg.stop_on_eos)
     warm_up(runners, prompts)
-    sync = (lambda: __import__("torch").cuda.synchronize()) if eng.device.type == "cuda" else (lambda: None)
-    res = round_robin(runners, prompts, rounds, sync)
+    res = round_robin(runners, prompts, rounds, device_sync(eng))
     out = {"rounds": rounds, **summarise(res, eng, tree_names, cfg.accept == "greedy")}
     ratios = [distinct_ngram_ratio(o, 4) for o in res["ar"]["outputs"] if len(o) >= 4]
     out["ar"]["distinct_4gram_ratio"] = round(sum(ratios) / len(ratios), 3) if ratios else None
@@ -127,12 +120,6 @@ def run_e2e_shape(shape: str, tree_names: list[str], prompts: int, prompt_len: i
     acc = trees.head_stats([v for r in demo for v in r.vectors], 4, topk=10).accuracy()
     eng.heads = oracle_for(model, [p + o for p, o in zip(ids, ar_out)], [len(p) for p in ids], 4, sampled_ranks(acc))
 
-    def runner(c: GenerationConfig):
-        def run(p):
-            r = eng.generate(p, config=c)
-            return r.token_ids, r.steps
-        return run
-
     def hf_run(p):
         x = torch.tensor([p], device="cuda")
         with torch.inference_mode():
@@ -140,12 +127,14 @@ def run_e2e_shape(shape: str, tree_names: list[str], prompts: int, prompt_len: i
         out = y[0, len(p):].tolist()
         return out, len(out)
 
-    runners = {"ar": runner(cfg)} | {f"medusa:{t}": runner(cfg.replace(mode="medusa", tree=t)) for t in tree_names}
-    runners["ar traced"] = runner(cfg.replace(trace=True))
-    runners[f"medusa:{tree_names[-1]} traced"] = runner(cfg.replace(mode="medusa", tree=tree_names[-1], trace=True))
+    runners = {"ar": engine_runner(eng, cfg)}
+    runners |= {f"medusa:{t}": engine_runner(eng, cfg.replace(mode="medusa", tree=t)) for t in tree_names}
+    runners["ar traced"] = engine_runner(eng, cfg.replace(trace=True))
+    runners[f"medusa:{tree_names[-1]} traced"] = engine_runner(eng, cfg.replace(mode="medusa", tree=tree_names[-1],
+                                                                                trace=True))
     runners["transformers"] = hf_run
     warm_up(runners, ids)
-    res = round_robin(runners, ids, rounds, torch.cuda.synchronize)
+    res = round_robin(runners, ids, rounds, device_sync(eng))
     return {"shape": shape, "weights": f"random ({dtype})", "draft": "oracle heads: each head's rank of the true token "
             "drawn from the demo model's per-head rank distribution (tune traces); misses otherwise",
             "head_top1_used": [round(a[0], 3) for a in acc], "prompts": prompts, "prompt_len": prompt_len,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import trees
 
 from ..generation import GenerationConfig
-from .common import mean_ci, round_robin, warm_up
+from .common import device_sync, engine_runner, mean_ci, round_robin, warm_up
 
 
 def run_latency(eng, prompts: list[list[int]], cfg: GenerationConfig, sizes: list[int], traces: str | None,
@@ -24,15 +24,9 @@ def run_latency(eng, prompts: list[list[int]], cfg: GenerationConfig, sizes: lis
     per_round_tps: dict[int, list[float]] = {n: [] for n in configs}
     per_step: dict[int, float] = {}
 
-    def runner(n):
-        def run(ids):
-            r = eng.generate(ids, config=configs[n])
-            return r.token_ids, r.steps
-        return run
-
-    runners = {str(n): runner(n) for n in configs}
+    runners = {str(n): engine_runner(eng, c) for n, c in configs.items()}
     warm_up(runners, prompts)
-    sync = (lambda: __import__("torch").cuda.synchronize()) if eng.device.type == "cuda" else (lambda: None)
+    sync = device_sync(eng)
     for _ in range(rounds):  # one round at a time, so each round yields its own mean step time
         res = round_robin(runners, prompts, 1, sync)
         for n in configs:
