@@ -27,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .browser import CHROMIUM, have_chromium, launch, number_box, open_page
+from .browser import CHROMIUM, have_chromium, launch, open_page, set_number
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -147,11 +147,6 @@ new MutationObserver(() => {
 """
 
 
-def _browser_page(browser, url):
-    pg = open_page(browser, url, RUN_COUNTER)
-    return pg, number_box(pg, "max new tokens")
-
-
 def stop_isolation(url: str, chromium: str, tokens: int = 1000) -> dict:
     """Two browser sessions decode at once; A presses Stop 1 s in. B must finish and equal a solo run."""
     from gradio_client import Client
@@ -160,12 +155,9 @@ def stop_isolation(url: str, chromium: str, tokens: int = 1000) -> dict:
     solo = _predict(Client(url, verbose=False), "def read_config(path):", "demo_tuned", tokens)
     with sync_playwright() as p:
         browser = launch(p, chromium)
-        (a, a_tokens), (b, b_tokens) = _browser_page(browser, url), _browser_page(browser, url)
-        for box in (a_tokens, b_tokens):
-            box.fill(str(tokens))
-            box.press("Enter")
-            box.blur()
-        a.wait_for_timeout(400)
+        a, b = open_page(browser, url, RUN_COUNTER), open_page(browser, url, RUN_COUNTER)
+        for pg in (a, b):
+            set_number(pg, "max new tokens", tokens)
         a.get_by_role("button", name="Generate").click()
         b.get_by_role("button", name="Generate").click()
         a.wait_for_function("document.querySelector('#stats').innerText.includes('tokens,')", timeout=120_000)
@@ -190,10 +182,8 @@ def streamed_runs(url: str, chromium: str, n: int, tokens: int, server_pid: int)
     curve = []
     with sync_playwright() as p:
         browser = launch(p, chromium)
-        pg, box = _browser_page(browser, url)
-        box.fill(str(tokens))
-        box.press("Enter")
-        box.blur()
+        pg = open_page(browser, url, RUN_COUNTER)
+        set_number(pg, "max new tokens", tokens)
         for i in range(n):
             pg.get_by_role("button", name="Generate").click()
             pg.wait_for_function(f"window.__ended >= {i + 1}", timeout=120_000)

@@ -35,6 +35,13 @@ def _wait_text(pg, selector: str, text: str) -> None:
     pg.wait_for_function(f"(document.querySelector({selector!r})?.innerText || '').includes({text!r})", timeout=LONG)
 
 
+def _shot(pg, path: Path, settle_ms: int) -> Path:
+    """A full-page screenshot once the plots have settled (they redraw after the last update)."""
+    pg.wait_for_timeout(settle_ms)
+    pg.screenshot(path=str(path), full_page=True)
+    return path
+
+
 def decode(pg, n: int, tree: str, out: Path) -> Path:
     pg.get_by_role("tab", name="Decode").click()
     choose(pg, "tree", tree)
@@ -43,10 +50,7 @@ def decode(pg, n: int, tree: str, out: Path) -> Path:
     pg.wait_for_function("!document.querySelector('#stats').innerText.includes('stopped')", timeout=60_000)
     _wait_text(pg, "#stats", "stopped")
     set_number(pg, "step", 3)  # a step early in the run, with its tree, head panel and table
-    pg.wait_for_timeout(2500)
-    f = out / f"decode_{n}.png"
-    pg.screenshot(path=str(f), full_page=True)
-    return f
+    return _shot(pg, out / f"decode_{n}.png", 2500)
 
 
 def editor(pg, n: int, tree: str, out: Path) -> Path:
@@ -54,10 +58,7 @@ def editor(pg, n: int, tree: str, out: Path) -> Path:
     choose(pg, "load a tree", tree)
     pg.get_by_role("button", name="Load into editor").click()
     pg.wait_for_selector(f"text=valid: {n} nodes", timeout=LONG)
-    pg.wait_for_timeout(1500)
-    f = out / f"editor_{n}.png"
-    pg.screenshot(path=str(f), full_page=True)
-    return f
+    return _shot(pg, out / f"editor_{n}.png", 1500)
 
 
 def tune(pg, n: int, out: Path, collect: bool) -> Path:
@@ -72,10 +73,7 @@ def tune(pg, n: int, out: Path, collect: bool) -> Path:
     pg.wait_for_selector(f"text=✓ {n} nodes", timeout=LONG)
     pg.get_by_role("button", name="Confirm the editor's tree (real run on these prompts)").click()
     pg.wait_for_selector(f"text={n} nodes on 12 prompts: measured", timeout=LONG)
-    pg.wait_for_timeout(1000)
-    f = out / f"tune_{n}.png"
-    pg.screenshot(path=str(f), full_page=True)
-    return f
+    return _shot(pg, out / f"tune_{n}.png", 1000)
 
 
 def compare(pg, n: int, tree: str, out: Path) -> Path:
@@ -86,10 +84,7 @@ def compare(pg, n: int, tree: str, out: Path) -> Path:
     pg.wait_for_function(f"(s => s !== {before!r} && s.includes('B/A speed'))"
                          "(document.querySelector('#cmp-msg').innerText)", timeout=LONG)
     pg.wait_for_function("!document.querySelector('.progress-text, .eta-bar')", timeout=LONG)
-    pg.wait_for_timeout(2000)
-    f = out / f"compare_{n}.png"
-    pg.screenshot(path=str(f), full_page=True)
-    return f
+    return _shot(pg, out / f"compare_{n}.png", 2000)
 
 
 def run(out: Path, chromium: str = CHROMIUM) -> list[Path]:

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .browser import CHROMIUM, VIEWPORT, choose, launch, set_number
+from .browser import CHROMIUM, choose, launch, open_page, set_number
 from .loadtest import start_server
 
 # In the page: the arrival time (performance.now()) of every chunk of the queue's event stream, and
@@ -169,11 +169,8 @@ def run(lengths: list[int], tree: str, chromium: str) -> dict:
     try:
         with sync_playwright() as p:
             browser = launch(p, chromium)
-            pg = browser.new_page(viewport=VIEWPORT)
-            pg.add_init_script(PAGE_CLOCK)
-            tap = StreamTap(pg)
-            pg.goto(url)
-            pg.wait_for_selector("text=Generate", timeout=120_000)
+            pg = open_page(browser, url, PAGE_CLOCK)
+            tap = StreamTap(pg)  # the app's event streams open on Generate, after the page has loaded
             choose(pg, "tree", tree)
             measure_run(pg, tap, 16)  # warm-up
             for n in lengths:
