@@ -19,6 +19,8 @@ from .kernels import flash4
 from .kernels.tree_attention import reference_mask, tree_attention, tree_attention_reference
 
 BACKENDS = ("sdpa", "triton", "flash_attn")
+# backends whose kernels stop at each request's live length (read on the device); sdpa reads every slot given
+READS_LIVE_LENGTH = ("triton", "flash_attn")
 
 
 @functools.lru_cache(maxsize=64)

@@ -7,8 +7,8 @@ What is captured, per (tree, batch size, heads on/off, traced, span): `decode.tr
 node, verification, KV compaction, the next heads, the length update, and the step trace when
 traced), reading and writing static state tensors this module owns. Lengths come from device
 tensors, so one graph serves every prefix length: the triton kernel (and FlashAttention-4's, through
-seqused_k) sizes its work from them, and for the sdpa backend (which reads every slot it is given) graphs are captured per span bucket of
-SDPA_BUCKET slots. The host reads only the packed step after each replay, through one of two
+seqused_k) sizes its work from them, and for the sdpa backend (which reads every slot it is given)
+graphs are captured per span bucket of SDPA_BUCKET slots. The host reads only the packed step after each replay, through one of two
 pinned buffers: `launch` queues a step and its copy without waiting, `collect` waits for that step
 alone, so the session can queue step N+1 before it reads step N (docs/algorithm.md).
 
@@ -26,6 +26,7 @@ import torch
 
 from trees import TreeBuffers
 
+from .attention import READS_LIVE_LENGTH
 from .decode import DecodeState, StepResult, StepTensors, ar_forward, finish_step, tree_forward
 from .heads import MedusaHeads
 from .model import Transformer
@@ -71,11 +72,11 @@ class StepGraphs:
         return model.tp.world == 1 and params.greedy and (mode == "ar" or accept == "greedy")
 
     def span(self, state: DecodeState, nodes: int, ahead: int) -> int:
-        """Cache slots a captured step reads: the whole cache for triton and flash_attn (their kernels
-        read live lengths), else the live prefix (plus a step still in flight and this step's block) rounded
-        up to a bucket."""
+        """Cache slots a captured step reads: the whole cache where the kernel reads live lengths
+        (READS_LIVE_LENGTH), else the live prefix (plus a step still in flight and this step's block)
+        rounded up to a bucket."""
         cap = self.model.cache.capacity
-        if self.model.backend in ("triton", "flash_attn"):
+        if self.model.backend in READS_LIVE_LENGTH:
             return cap
         need = max(state.host_lengths) + ahead + nodes
         return min(cap, -(-need // SDPA_BUCKET) * SDPA_BUCKET)

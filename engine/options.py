@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import os
 
+from .attention import BACKENDS
 from .generation import GenerationConfig
 
 
@@ -39,7 +40,7 @@ def add_model_arguments(p: argparse.ArgumentParser, heads: bool = True) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="default: bfloat16 on CUDA, float32 on CPU")
-    p.add_argument("--backend", default=None, choices=["sdpa", "triton", "flash_attn"],
+    p.add_argument("--backend", default=None, choices=BACKENDS,
                    help="attention backend (default: triton on CUDA, sdpa elsewhere)")
     p.add_argument("--max-seq-len", type=positive_int, default=None, help="cap the context (default: the model's)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
