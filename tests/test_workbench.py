@@ -13,7 +13,7 @@ import pytest
 import trees
 from engine.loading import DEMO_DIR
 from workbench import figures
-from workbench.handlers import EDITOR, RunState, Workbench
+from workbench.handlers import EDITOR, RunState, UserError, Workbench
 from workbench.layout import Box, place_labels, tidy_layout, tree_graph
 
 
@@ -239,6 +239,12 @@ def test_handler_errors_are_messages(wb):
     assert wb.edit_tree("[[0]]", "delete subtree", "[0]", 0)[1].startswith("✗ that would leave an empty tree")
     assert wb.export_tree("[[0], [0, 0]]", "vllm") == "[(0,), (0, 0)]"
     assert "added 1" in wb.diff_trees("chain_1", "chain_2", "")
+    # counts are never truncated: 2.5 prompts, 12.5 nodes or rank 1.5 is an error, not 2, 12 or 1
+    with pytest.raises(UserError, match="number of prompts must be a whole number"):
+        wb.prompt_set("held-out", "", None, 2.5)
+    assert len(wb.prompt_set("held-out", "", None, 2.0)) == 2
+    assert s.pool and "nodes must be a whole number" in wb.optimize_tree(s, 12.5, "replay")[1]
+    assert "rank must be a whole number" in wb.edit_tree("[[0]]", "add child", "[0]", 1.5)[1]
 
 
 def test_app_over_gradio_client_with_defaults(wb):

@@ -46,6 +46,19 @@ def user_message(e: BaseException) -> str:
     return " ".join(str(e).split("\n")) or type(e).__name__
 
 
+def whole_number(v: object, what: str) -> int:
+    """A count or seed from the UI or API (an int, or a float with no fraction): never truncated."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        raise UserError(f"{what} must be a whole number, got {v!r}")
+    return int(v)
+
+
+def finite_number(v: object, what: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise UserError(f"{what} must be a number, got {v!r}")
+    return float(v)
+
+
 # -- per-session state ----------------------------------------------------------------------------
 @dataclass
 class RunState:
@@ -259,9 +272,8 @@ class Workbench:
             if not isinstance(raw, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in raw):
                 raise UserError("the node path must be a list of ranks, e.g. [0, 1] ([] is the root)")
             path = tuple(raw)
-            if op != "delete subtree" and (isinstance(rank, bool) or not isinstance(rank, (int, float)) or
-                                           not float(rank).is_integer()):
-                raise UserError("give the rank as a whole number")
+            if op != "delete subtree":
+                whole_number(rank, "the rank")
         except (UserError, trees.JsonInputError) as e:
             return text if isinstance(text, str) else "", f"✗ {e}"
         if op == "delete subtree":
@@ -342,21 +354,11 @@ class Workbench:
 
     def config(self, mode: object, tree: list[list[int]] | None, accept: object, temperature: object, top_p: object,
                seed: object, max_new_tokens: object, trace: bool = True) -> GenerationConfig:
-        """A checked GenerationConfig from UI values (numbers may arrive as floats or text)."""
-        def whole(v, what):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
-                raise UserError(f"{what} must be a whole number, got {v!r}")
-            return int(v)
-
-        def number(v, what):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise UserError(f"{what} must be a number, got {v!r}")
-            return float(v)
-
-        seed = None if seed is None or seed == "" else whole(seed, "seed")
-        cfg = GenerationConfig(max_new_tokens=whole(max_new_tokens, "max new tokens"), mode=str(mode), tree=tree,
-                               accept=str(accept), temperature=number(temperature, "temperature"),
-                               top_p=number(top_p, "top_p"), seed=seed, trace=trace)
+        """A checked GenerationConfig from UI values (numbers may arrive as floats)."""
+        seed = None if seed is None or seed == "" else whole_number(seed, "seed")
+        cfg = GenerationConfig(max_new_tokens=whole_number(max_new_tokens, "max new tokens"), mode=str(mode), tree=tree,
+                               accept=str(accept), temperature=finite_number(temperature, "temperature"),
+                               top_p=finite_number(top_p, "top_p"), seed=seed, trace=trace)
         try:
             return cfg.validate()
         except GenerationError as e:
@@ -478,10 +480,7 @@ class Workbench:
     def prompt_set(self, source: object, pasted: object, upload: object, count: object) -> list[Prompt]:
         """The prompts a Tune / Compare job runs: bundled held-out prompts, pasted text (JSONL, or blocks
         separated by '---' lines), or an uploaded file of either kind."""
-        try:
-            n = int(count)
-        except (TypeError, ValueError):
-            raise UserError(f"the number of prompts must be a whole number, got {count!r}") from None
+        n = whole_number(count, "the number of prompts")
         if not 1 <= n <= MAX_JOB_PROMPTS:
             raise UserError(f"the number of prompts must be in 1..{MAX_JOB_PROMPTS}, got {n}")
         try:
@@ -600,9 +599,9 @@ class Workbench:
         if not session.pool:
             return None, "✗ no AR traces yet: collect traces in the Tune tab first", None
         try:
-            n = int(nodes)
-        except (TypeError, ValueError):
-            return None, f"✗ nodes must be a whole number, got {nodes!r}", None
+            n = whole_number(nodes, "nodes")
+        except UserError as e:
+            return None, f"✗ {e}", None
         if not 1 <= n <= trees.MAX_NODES:
             return None, f"✗ nodes must be between 1 and {trees.MAX_NODES}, got {n}", None
         if method not in ("replay", "position", "independent"):
@@ -714,7 +713,7 @@ class Workbench:
             t = float(temperature)
             if not 0 < t <= 2:
                 raise UserError(f"temperature must be in (0, 2] to compare sampling rules, got {temperature}")
-            n_samples = int(samples)
+            n_samples = whole_number(samples, "samples")
             if not 1 <= n_samples <= 256:
                 raise UserError("samples must be 1..256")
         except (UserError, TypeError, ValueError) as e:
