@@ -31,9 +31,10 @@ def _flag(help: str, **argparse_kw) -> dict:
 @dataclass(frozen=True)
 class GenerationConfig:
     max_new_tokens: int = field(default=128, metadata=_flag("tokens to generate at most"))
-    mode: str = field(default="medusa", metadata=_flag("ar: one token per step; medusa: tree verification",
-                                                       choices=MODES))
-    tree: Any = field(default=None, metadata=_flag("preset name, tree JSON file, or inline JSON (default: demo_tuned)"))
+    mode: str | None = field(default=None, metadata=_flag("ar: one token per step; medusa: tree verification "
+                                                          "(default: medusa when heads are loaded, else ar)", choices=MODES))
+    tree: Any = field(default=None, metadata=_flag("preset name, tree JSON file, or inline JSON (default: the tree "
+                                                   "shipped with the heads, medusa_choices.json)"))
     accept: str = field(default="greedy", metadata=_flag("greedy (lossless), typical (Medusa's, lossy), sample "
                                                          "(lossless tree sampling)", choices=ACCEPT_RULES))
     temperature: float = field(default=0.7, metadata=_flag("sampling temperature (typical / sample; 0 = greedy)"))
@@ -42,9 +43,13 @@ class GenerationConfig:
     seed: int | None = field(default=None, metadata=_flag("seed of the sampling generator"))
     stop_on_eos: bool = field(default=True, metadata=_flag("end a request at the model's EOS token",
                                                            action=argparse.BooleanOptionalAction))
-    chat: bool = field(default=False, metadata=_flag("wrap each prompt in the tokenizer's chat template",
-                                                     action="store_true"))
+    chat: bool | None = field(default=None, metadata=_flag("wrap each prompt in the tokenizer's chat template "
+                                                           "(default: when the tokenizer has one)",
+                                                           action=argparse.BooleanOptionalAction))
     trace: bool = field(default=False, metadata={"cli": False})  # StepEvent.trace / Result.traces filled
+    # False: token ids only, no detokenisation (bulk work such as self-distillation decodes hundreds of
+    # requests a step, where decoding their text would cost more host time than the GPU step)
+    text: bool = field(default=True, metadata={"cli": False})
     trace_file: str | None = field(default=None, metadata=_flag("write one JSON line per step (docs/trace-schema.md)",
                                                                 flag="--trace", metavar="FILE.jsonl"))
 
@@ -65,7 +70,7 @@ class GenerationConfig:
 
     def validate(self) -> GenerationConfig:
         """Raise GenerationError naming the first bad setting; returns self."""
-        if self.mode not in MODES:
+        if self.mode is not None and self.mode not in MODES:
             raise GenerationError(f"unknown mode {self.mode!r}; choose from {', '.join(MODES)}")
         if self.accept not in ACCEPT_RULES:
             raise GenerationError(f"unknown acceptance {self.accept!r}; choose greedy, typical or sample")
@@ -80,6 +85,8 @@ class GenerationConfig:
         p = self.top_p
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0 < p <= 1):
             raise GenerationError(f"top_p must be in (0, 1], got {p!r}")
+        if self.chat is not None and not isinstance(self.chat, bool):
+            raise GenerationError(f"chat must be true, false or None (auto), got {self.chat!r}")
         s = self.seed
         if s is not None and (isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= MAX_SEED):
             raise GenerationError(f"seed must be an integer in [0, 2**63 - 1], got {s!r}")

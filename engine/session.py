@@ -48,11 +48,12 @@ class StepEvent:
 class Request:
     """One prompt's output so far: cut at EOS and at the token limit, detokenised incrementally."""
 
-    def __init__(self, index: int, prompt: list[int], tokenizer, max_new: int, eos_ids: set[int], stop_on_eos: bool):
+    def __init__(self, index: int, prompt: list[int], tokenizer, max_new: int, eos_ids: set[int], stop_on_eos: bool,
+                 text: bool = True):
         self.index, self.prompt, self.max_new = index, prompt, max_new
         self.eos_ids = eos_ids if stop_on_eos else set()
         self.tokens: list[int] = []
-        self.detok = IncrementalDetokenizer(tokenizer)
+        self.detok = IncrementalDetokenizer(tokenizer) if text else None
         self.finish: str | None = None
 
     def commit(self, tokens: list[int]) -> tuple[list[int], str]:
@@ -65,6 +66,8 @@ class Request:
         self.tokens.extend(tokens)
         if self.finish is None and len(self.tokens) >= self.max_new:
             self.finish = "length"
+        if self.detok is None:
+            return tokens, ""
         text = self.detok.push(tokens)
         return tokens, text + self.detok.flush() if self.finish else text
 
