@@ -26,11 +26,13 @@ import torch
 
 from trees import TreeBuffers
 
+from .accept import RULES, Rule
 from .attention import READS_LIVE_LENGTH
-from .decode import DecodeState, StepResult, StepTensors, ar_forward, finish_step, tree_forward
+from .decode import DecodeState, StepTensors, ar_forward, finish_step, tree_forward
 from .heads import MedusaHeads
 from .model import Transformer
 from .sampling import SamplingParams
+from .trace import StepEvent
 
 GREEDY = SamplingParams()
 WARMUP_STEPS = 2  # eager runs on a side stream before capture (Triton compiles, cuBLAS picks kernels)
@@ -67,9 +69,9 @@ class StepGraphs:
         self.captures = 0  # how many graphs were captured (tests and benchmarks read it)
 
     @staticmethod
-    def usable(model: Transformer, accept: str, params: SamplingParams, mode: str) -> bool:
-        """Graphs need one rank and greedy acceptance (sampling draws on the host's generator)."""
-        return model.tp.world == 1 and params.greedy and (mode == "ar" or accept == "greedy")
+    def usable(model: Transformer, rule: Rule, params: SamplingParams, mode: str) -> bool:
+        """Graphs need one rank and greedy steps (sampling draws on the host's generator)."""
+        return model.tp.world == 1 and params.greedy and (mode == "ar" or rule.graphs)
 
     def span(self, state: DecodeState, nodes: int, ahead: int) -> int:
         """Cache slots a captured step reads: the whole cache where the kernel reads live lengths
@@ -82,7 +84,7 @@ class StepGraphs:
         return min(cap, -(-need // SDPA_BUCKET) * SDPA_BUCKET)
 
     def step(self, heads: MedusaHeads | None, buf: TreeBuffers | None, choices, state: DecodeState,
-             trace_topk: int = 0) -> list[StepResult]:
+             trace_topk: int = 0) -> list[StepEvent]:
         """One greedy step (a tree step when buf is given, else AR) by graph replay."""
         return self.collect(self.launch(heads, buf, choices, state, trace_topk), state)
 
@@ -117,7 +119,7 @@ class StepGraphs:
         return Pending(g.out, host, done)
 
     @staticmethod
-    def collect(pending: Pending, state: DecodeState) -> list[StepResult]:
+    def collect(pending: Pending, state: DecodeState) -> list[StepEvent]:
         """Wait for one launched step and read it (trace included: it travelled in the same copy)."""
         pending.done.synchronize()
         return finish_step(state, pending.out, pending.host.tolist())
@@ -130,7 +132,7 @@ class StepGraphs:
         def body() -> StepTensors:
             work = DecodeState(static.lengths, static.host_lengths, static.root, static.head_logits)
             if buf is not None:
-                out = tree_forward(self.model, heads, buf, work, "greedy", GREEDY, None, span=span,
+                out = tree_forward(self.model, heads, buf, work, RULES["greedy"], GREEDY, None, span=span,
                                    trace=bool(trace_topk))
             else:
                 out = ar_forward(self.model, heads, work, GREEDY, None, span=span, trace_topk=trace_topk)

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 import trees
-from engine.accept import verify_greedy, verify_typical
-from engine.decode import verify_sample
+from engine.accept import verify_greedy, verify_sample, verify_typical
 
 TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
 

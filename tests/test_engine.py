@@ -1,6 +1,10 @@
 """Parity: our decoder vs transformers, Medusa vs AR with drafts that are really accepted (oracle
 heads), the KV cache after long accepted paths, and the generation API's contract."""
 
+import json
+import re
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import VOCAB, make_hf_model, oracle_heads, oracle_steps, random_heads_sd
@@ -163,6 +167,29 @@ def test_trace_records_the_step_with_parent_and_depth(model_pair, tmp_path):
             if par >= 0:
                 assert t["accept_prob"][node] == float(tok == t["target_argmax"][par])
     assert sum(len(t["accepted_tokens"]) for t in res.traces) == 20
+
+
+def documented_step_fields() -> set[str]:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "trace-schema.md").read_text()
+    table = doc.split("## Step", 1)[1]
+    return {name for line in table.splitlines() if line.startswith("| `") for name in re.findall(r"`(\w+)`", line.split("|")[1])}
+
+
+def test_a_step_is_one_record_from_stream_to_file_with_the_documented_fields(model_pair, tmp_path):
+    """The streamed StepEvent's trace is its to_json(), the file holds that same line, and its keys are
+    exactly the fields docs/trace-schema.md lists (`request` only in a batch)."""
+    _, eng = model_pair
+    fields = documented_step_fields()
+    assert {"step", "accepted_tokens", "accept_prob", "head_topk", "request"} <= fields
+    f = tmp_path / "t.jsonl"
+    events = list(eng.stream(prompt(3), 15, mode="medusa", tree="mc_sim_7b_63", trace=True, trace_file=str(f)))
+    lines = [json.loads(line) for line in f.read_text().splitlines()[1:]]
+    assert lines == [json.loads(json.dumps(e.to_json())) for e in events] == [json.loads(json.dumps(e.trace)) for e in events]
+    assert all(set(line) == fields - {"request"} for line in lines)
+    assert [t for line in lines for t in line["accepted_tokens"]] == [t for e in events for t in e.tokens]
+    batch = eng.generate([prompt(3), prompt(4)], 10, mode="medusa", trace=True)
+    assert all(set(t) == fields and t["request"] == i for i, r in enumerate(batch) for t in r.traces)
+    assert list(eng.stream(prompt(3), 5))[0].trace is None  # untraced runs record no trace
 
 
 def test_stream_pieces_join_to_generate_text_and_tokens(model_pair):
