@@ -208,13 +208,13 @@ class Engine:
                 raise GenerationError(f"out of memory allocating a KV cache of {len(batch)} x {capacity} tokens") from None
         params, rule = cfg.sampling(), cfg.rule()
         gen = None
-        if cfg.seed is not None or not params.greedy:
+        if rule.samples:
             gen = torch.Generator(device=self.device)
             gen.manual_seed(self.model.tp.shared_seed(cfg.seed if cfg.seed is not None else int(time.time_ns() % 2**31)))
         # AR runs only run the heads when traced (their top-k feeds the head statistics)
         heads = self.heads if cfg.mode == "medusa" or cfg.traced else None
         trace_topk = self.topk if cfg.traced else 0
-        if self.graphs is not None and StepGraphs.usable(self.model, rule, params, cfg.mode):
+        if self.graphs is not None and StepGraphs.usable(self.model, rule, cfg.mode):
             runner = GraphRunner(self.graphs, heads, buf, choices, trace_topk)
         else:
             runner = EagerRunner(self.model, heads, buf, rule, params, gen, trace_topk)

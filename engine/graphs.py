@@ -69,9 +69,10 @@ class StepGraphs:
         self.captures = 0  # how many graphs were captured (tests and benchmarks read it)
 
     @staticmethod
-    def usable(model: Transformer, rule: Rule, params: SamplingParams, mode: str) -> bool:
-        """Graphs need one rank and greedy steps (sampling draws on the host's generator)."""
-        return model.tp.world == 1 and params.greedy and (mode == "ar" or rule.graphs)
+    def usable(model: Transformer, rule: Rule, mode: str) -> bool:
+        """Graphs need one rank and steps decided on the device: a tree step under a rule with
+        `graphs` (greedy), an AR step under a rule that does not sample (its tokens are the argmax)."""
+        return model.tp.world == 1 and (rule.graphs if mode == "medusa" else not rule.samples)
 
     def span(self, state: DecodeState, nodes: int, ahead: int) -> int:
         """Cache slots a captured step reads: the whole cache where the kernel reads live lengths

@@ -8,7 +8,8 @@
   Request    one prompt's output: cuts at EOS and the token limit, text through the detokeniser
   trace      traced runs give each StepEvent the run's TraceContext and write its line
              (engine/trace.py: the record and its JSON are one thing)
-Requests that finish leave the batch once no step is in flight (docs/algorithm.md).
+The first token is sampled only under a rule that samples (`sample`); greedy and typical start
+from the argmax. Requests that finish leave the batch once no step is in flight (docs/algorithm.md).
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from .trace import StepEvent, TraceContext, TraceWriter
 
 
 def root_params(rule: Rule, params: SamplingParams) -> SamplingParams:
-    """How roots the step does not verify are chosen (the first token, and every AR token)."""
-    return params
+    """How roots the step does not verify are chosen (the first token, and every AR token): drawn
+    from the target under a rule that samples, else the argmax (Medusa's typical acceptance too)."""
+    return params if rule.samples else SamplingParams()
 
 
 class Request:

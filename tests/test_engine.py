@@ -11,6 +11,7 @@ from conftest import VOCAB, make_hf_model, oracle_heads, oracle_steps, random_he
 
 import engine
 import trees
+from trees.estimate import step_start_values
 
 LAYOUTS = [("llama", 4, False), ("llama", 2, False), ("llama", 4, True), ("mistral", 1, False), ("qwen2", 2, True)]
 MAX_NEW = 40
@@ -148,6 +149,36 @@ def test_sampling_rules_at_zero_temperature_are_greedy_and_seeds_repeat(model_pa
     assert a.token_ids == b.token_ids and a.new_tokens == 30
     draws = {tuple(eng.generate(ids, 12, mode="ar", accept="sample", temperature=1.5, seed=s).token_ids) for s in range(4)}
     assert len(draws) > 1  # different seeds sample different texts
+
+
+def test_typical_runs_are_deterministic_without_a_seed_and_start_with_greedys_token(model_pair):
+    """Medusa's typical acceptance keeps every root greedy, the first one included: two unseeded runs at
+    T = 1.5 agree, their first token is greedy's, and typical AR is greedy AR. (A first token sampled at
+    T = 1.5 from this random model differs between runs or from greedy on some of 8 prompts.)"""
+    _, eng = model_pair
+    for s in range(8):
+        ids = prompt(100 + s)
+        runs = [eng.generate(ids, 10, mode="medusa", tree="mc_sim_7b_63", accept="typical", temperature=1.5).token_ids
+                for _ in range(2)]
+        greedy = eng.generate(ids, 10, mode="ar").token_ids
+        assert runs[0] == runs[1] and runs[0][0] == greedy[0], s
+        assert eng.generate(ids, 10, mode="ar", accept="typical", temperature=1.5).token_ids == greedy
+
+
+def test_typical_traces_record_the_rule_so_step_start_equals_what_each_step_kept(model_pair, tmp_path):
+    """Under top-k and top-p the typical rule still judges by softmax(logits / T) (Medusa's); the traced
+    accept_prob must be that rule's, so the step-start estimator on the run's own tree gives exactly
+    each step's kept count."""
+    _, eng = model_pair
+    f = tmp_path / "typical.jsonl"
+    for s, (top_k, top_p) in enumerate([(3, 1.0), (0, 0.5), (5, 0.8)]):
+        eng.generate(prompt(200 + s), 30, mode="medusa", tree="mc_sim_7b_63", accept="typical", temperature=0.9,
+                     top_k=top_k, top_p=top_p, trace_file=str(f))
+    runs = trees.read_runs(f)
+    assert len(runs) == 3 and all(r.acceptance == "typical" for r in runs)
+    for r in runs:
+        assert step_start_values(r.tree, r) == [float(a) for a in r.accepted]
+    assert any(a > 1 for r in runs for a in r.accepted)  # some steps kept drafted nodes
 
 
 def test_trace_records_the_step_with_parent_and_depth(model_pair, tmp_path):
