@@ -351,3 +351,28 @@ def test_step_start_under_typical_is_the_longest_passing_path_not_a_sum():
                           accepted=run.accepted, accept_prob=steps, tree=tree)
     assert step_start_values(tree, as_sample) == [4.0, 2.0, 1.0]
 
+
+def test_cross_validation_needs_two_prompts_and_says_so():
+    runs = _random_runs(6, n_runs=1)
+    with pytest.raises(ValueError, match="cross-validation needs at least 2 prompts, got 1"):
+        trees.cross_validate(runs, 4, "replay", folds=5, topk=3, max_depth=3)
+    cv = trees.cross_validate(_random_runs(6, n_runs=2), 4, "replay", folds=5, topk=3, max_depth=3)
+    assert cv["folds"] == 2 and len(cv["per_fold"]) == 2
+
+
+def test_export_show_and_resolve_check_ranks_against_the_files_own_topk(tmp_path, capsys):
+    """A schema-1 file with topk 20 and a rank-15 node is valid (`trees validate` says so); show and
+    export must accept it too, while the engine's topk of 10 still refuses it."""
+    from trees.__main__ import main
+
+    f = tmp_path / "wide.json"
+    trees.save_tree(trees.TreeFile([[0], [15], [15, 0]], num_heads=2, topk=20), f)
+    for cmd in (["validate", str(f)], ["show", str(f)], ["export", str(f), "--to", "trtllm"],
+                ["export", str(f), "--to", "vllm"]):
+        assert main(cmd) == 0, (cmd, capsys.readouterr().err)
+    assert "[[0],[15],[15,0]]" in capsys.readouterr().out
+    assert trees.resolve(str(f)) == [[0], [15], [15, 0]]
+    with pytest.raises(trees.TreeError, match=r"rank 15 is outside \[0, 10\)"):
+        trees.resolve(str(f), topk=10)
+    f.write_text(json.dumps({"schema_version": 1, "medusa_choices": [[0], [25]], "topk": 20}))
+    assert main(["show", str(f)]) == 2 and r"rank 25 is outside [0, 20)" in capsys.readouterr().err
