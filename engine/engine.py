@@ -13,6 +13,7 @@ import torch
 import trees
 
 from .config import ModelLoadError
+from .detok import decode
 from .generation import GenerationConfig, GenerationError
 from .graphs import StepGraphs
 from .heads import MedusaHeads
@@ -142,14 +143,14 @@ class Engine:
         """One token's text (cached: traces name hundreds of tokens per step)."""
         text = self._token_text.get(token)
         if text is None:
-            text = self.tokenizer.decode([token]) if self.tokenizer is not None else f"<{token}>"
+            text = decode(self.tokenizer, [token], skip_special_tokens=False) if self.tokenizer is not None else f"<{token}>"
             self._token_text[token] = text
         return text
 
     def text_of(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:
             return " ".join(map(str, ids))
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return decode(self.tokenizer, ids)
 
     # -- settings ------------------------------------------------------------------------------
     def resolve_tree(self, tree) -> list[list[int]]:
