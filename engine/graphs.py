@@ -2,7 +2,7 @@
 
 A step of the 7B shape is a few hundred small kernels; launched eagerly from Python the host is
 the bottleneck (benchmarks/README.md). A captured step is the same kernels replayed with one call.
-What is captured, per (tree, batch size, heads on/off, traced, span): `decode.tree_forward` /
+What is captured, per (tree, batch size, heads object, traced, span): `decode.tree_forward` /
 `decode.ar_forward` under greedy acceptance (draft from the heads' top-k, the forward over every
 node, verification, KV compaction, the next heads, the length update, and the step trace when
 traced), reading and writing static state tensors this module owns. Lengths come from device
@@ -103,7 +103,9 @@ class StepGraphs:
             self._cache_key = cache_key
         tree_key = tuple(map(tuple, choices)) if buf is not None else None
         span = self.span(state, buf.num_nodes if buf is not None else 1, ahead)
-        key = (tree_key, state.root.shape[0], heads is not None, trace_topk, span)
+        # the heads object itself (None for AR without heads): a graph reads its weights by address, so
+        # other heads need their own graph; the key also keeps them alive, so no address is ever reused
+        key = (tree_key, state.root.shape[0], heads, trace_topk, span)
         g = self.graphs.get(key)
         if g is None:
             g = self.graphs[key] = self._capture(heads, buf, tree_key, state, trace_topk, span)
