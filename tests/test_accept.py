@@ -107,3 +107,20 @@ def test_reference_typical_on_a_hand_worked_three_node_example():
     parent = buf.parent.clamp(min=0)[None]
     keep = rule.keep_prob(logits[None], logits[None].argmax(-1), node_tokens[None], parent, SamplingParams(1.0))
     assert keep[0, 1:].tolist() == [1.0, 1.0, 0.0]
+
+
+def test_a_new_rule_is_one_registry_entry(demo_engine, monkeypatch):
+    """A rule added to RULES alone (greedy's verification under another name, run without graphs) is
+    accepted by the config, run by the engine and traced with its keep probability: nothing else names
+    the rules."""
+    import dataclasses
+
+    from engine import accept
+
+    again = dataclasses.replace(accept.RULES["greedy"], name="greedy_again", label="greedy, again", graphs=False)
+    monkeypatch.setitem(accept.RULES, "greedy_again", again)
+    prompt = "def read_config(path):"
+    want = demo_engine.generate(prompt, 24, mode="medusa", trace=True)
+    got = demo_engine.generate(prompt, 24, mode="medusa", accept="greedy_again", temperature=0.9, trace=True)
+    assert got.token_ids == want.token_ids and got.steps == want.steps
+    assert [t["accept_prob"] for t in got.traces] == [t["accept_prob"] for t in want.traces]
