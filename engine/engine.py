@@ -14,6 +14,7 @@ import trees
 
 from .config import ModelLoadError
 from .decode import prefill
+from .detok import decode
 from .generation import GenerationConfig, GenerationError
 from .graphs import StepGraphs
 from .heads import MedusaHeads
@@ -31,9 +32,9 @@ from .loading import (
 )
 from .model import Transformer
 from .sampling import SamplingParams
-from .session import EagerRunner, GraphRunner, Request, Session, StepEvent
+from .session import EagerRunner, GraphRunner, Request, Session
 from .tp import SINGLE, TP
-from .trace import Tracer, TraceWriter, header
+from .trace import StepEvent, TraceContext, TraceWriter, header
 
 CACHE_GRANULE = 256  # KV cache capacity is rounded up to this, so similar requests reuse one cache (and its graphs)
 
@@ -168,14 +169,14 @@ class Engine:
         """One token's text (cached: traces name hundreds of tokens per step)."""
         text = self._token_text.get(token)
         if text is None:
-            text = self.tokenizer.decode([token]) if self.tokenizer is not None else f"<{token}>"
+            text = decode(self.tokenizer, [token], skip_special_tokens=False) if self.tokenizer is not None else f"<{token}>"
             self._token_text[token] = text
         return text
 
     def text_of(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:
             return " ".join(map(str, ids))
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return decode(self.tokenizer, ids)
 
     # -- settings ------------------------------------------------------------------------------
     def resolve_tree(self, tree) -> list[list[int]]:
@@ -244,19 +245,19 @@ class Engine:
             except torch.OutOfMemoryError:
                 self.model.cache = None
                 raise GenerationError(f"out of memory allocating a KV cache of {len(batch)} x {capacity} tokens") from None
-        params = cfg.sampling()
+        params, rule = cfg.sampling(), cfg.rule()
         gen = None
-        if cfg.seed is not None or not params.greedy:
+        if rule.samples:
             gen = torch.Generator(device=self.device)
             gen.manual_seed(self.model.tp.shared_seed(cfg.seed if cfg.seed is not None else int(time.time_ns() % 2**31)))
         # AR runs only run the heads when traced (their top-k feeds the head statistics)
         heads = self.heads if cfg.mode == "medusa" or cfg.traced else None
         trace_topk = self.topk if cfg.traced else 0
-        if self.graphs is not None and StepGraphs.usable(self.model, cfg.accept, params, cfg.mode):
+        if self.graphs is not None and StepGraphs.usable(self.model, rule, cfg.mode):
             runner = GraphRunner(self.graphs, heads, buf, choices, trace_topk)
         else:
-            runner = EagerRunner(self.model, heads, buf, cfg.accept, params, gen, trace_topk)
-        tracer = None
+            runner = EagerRunner(self.model, heads, buf, rule, params, gen, trace_topk)
+        trace = writer = None
         if cfg.traced:
             writer = TraceWriter(cfg.trace_file) if cfg.trace_file else None
             if writer:
@@ -264,10 +265,10 @@ class Engine:
                          "prompt_tokens": [len(i) for i in batch] if len(batch) > 1 else len(batch[0])}
                 writer.write(header(self.name, self.heads_source, choices, cfg.mode, cfg.accept, extra))
             parent = buf.parent.tolist() if buf is not None else [-1]
-            tracer = Tracer(choices or [], parent, self.token_text, writer)
+            trace = TraceContext(choices or [], parent, self.token_text, batched=len(batch) > 1)
         requests = [Request(i, ids, self.tokenizer, cfg.max_new_tokens, self.eos_ids, cfg.stop_on_eos, cfg.text)
                     for i, ids in enumerate(batch)]
-        return Session(self.model, heads, requests, cfg, buf, choices, runner, tracer, gen)
+        return Session(self.model, heads, requests, cfg, buf, choices, runner, trace, writer, gen)
 
     def stream(self, prompt_or_ids: str | Sequence[int], max_new_tokens: int | None = None,
                config: GenerationConfig | None = None, **fields) -> Iterator[StepEvent]:

@@ -13,10 +13,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .accept import RULES, Rule
 from .sampling import SamplingParams
 
 MODES = ("ar", "medusa")
-ACCEPT_RULES = ("greedy", "typical", "sample")
+ACCEPT_RULES = tuple(RULES)
 MAX_SEED = 2**63 - 1
 
 
@@ -35,8 +36,7 @@ class GenerationConfig:
                                                           "(default: medusa when heads are loaded, else ar)", choices=MODES))
     tree: Any = field(default=None, metadata=_flag("preset name, tree JSON file, or inline JSON (default: the tree "
                                                    "shipped with the heads, medusa_choices.json)"))
-    accept: str = field(default="greedy", metadata=_flag("greedy (lossless), typical (Medusa's, lossy), sample "
-                                                         "(lossless tree sampling)", choices=ACCEPT_RULES))
+    accept: str = field(default="greedy", metadata=_flag(", ".join(r.label for r in RULES.values()), choices=ACCEPT_RULES))
     temperature: float = field(default=0.7, metadata=_flag("sampling temperature (typical / sample; 0 = greedy)"))
     top_k: int = field(default=0, metadata=_flag("keep the k most likely tokens when sampling (0 = off)"))
     top_p: float = field(default=1.0, metadata=_flag("nucleus sampling mass (1 = off)"))
@@ -68,12 +68,17 @@ class GenerationConfig:
         return SamplingParams(0.0 if self.accept == "greedy" else float(self.temperature), int(self.top_k),
                               float(self.top_p))
 
+    def rule(self) -> Rule:
+        """The acceptance rule the run uses: `accept`'s, or greedy's at temperature 0, where typical
+        and sample keep exactly the paths greedy keeps."""
+        return RULES[self.accept] if self.sampling().temperature > 0 else RULES["greedy"]
+
     def validate(self) -> GenerationConfig:
         """Raise GenerationError naming the first bad setting; returns self."""
         if self.mode is not None and self.mode not in MODES:
             raise GenerationError(f"unknown mode {self.mode!r}; choose from {', '.join(MODES)}")
-        if self.accept not in ACCEPT_RULES:
-            raise GenerationError(f"unknown acceptance {self.accept!r}; choose greedy, typical or sample")
+        if self.accept not in RULES:
+            raise GenerationError(f"unknown acceptance {self.accept!r}; choose {', '.join(RULES)}")
         n = self.max_new_tokens
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise GenerationError(f"max_new_tokens must be a positive integer, got {n!r}")

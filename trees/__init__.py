@@ -16,6 +16,7 @@ from .estimate import (
     path_probability,
 )
 from .io import (
+    DEFAULT_TOPK,
     JsonInputError,
     TreeFile,
     from_counts,
@@ -45,10 +46,11 @@ from .stats import HeadStats, Run, TraceError, ar_runs, head_stats, rank_vectors
 from .tree import MAX_DEPTH, MAX_NODES, MAX_TOPK, TreeError, sort_paths, validate
 
 
-def resolve(tree: object, topk: int = 10, num_heads: int | None = None) -> list[list[int]]:
+def resolve(tree: object, topk: int | None = None, num_heads: int | None = None) -> list[list[int]]:
     """A preset name, a JSON file, inline JSON text, a schema-1 dict or a list of paths -> validated
     paths (None: the default tree). Files and dicts are checked against their own topk and
-    num_heads first, then everything against the caller's."""
+    num_heads first, then everything against the caller's: `topk` None keeps the tree's own (a
+    file's `topk`, 10 for a bare list or a preset), as `trees validate` does; the engine passes its own."""
     import os
 
     if tree is None:
@@ -58,19 +60,22 @@ def resolve(tree: object, topk: int = 10, num_heads: int | None = None) -> list[
             tree = parse_json(tree, "tree")
         except JsonInputError as e:
             raise TreeError(str(e)) from None
+    own = DEFAULT_TOPK
     if isinstance(tree, (str, os.PathLike)):
         s = os.fspath(tree)
         if s.endswith(".json") or os.path.sep in s or os.path.exists(s):
-            tree = load_tree(s).medusa_choices
+            tf = load_tree(s)
+            tree, own = tf.medusa_choices, tf.topk
         else:
             tree = preset(s)
     elif isinstance(tree, (dict, TreeFile)):
-        tree = parse_tree(tree).medusa_choices if isinstance(tree, dict) else tree.medusa_choices
-    return [list(p) for p in validate(tree, topk=topk, num_heads=num_heads)]
+        tf = parse_tree(tree) if isinstance(tree, dict) else tree
+        tree, own = tf.medusa_choices, tf.topk
+    return [list(p) for p in validate(tree, topk=own if topk is None else topk, num_heads=num_heads)]
 
 
 __all__ = [
-    "DEFAULT_TREE", "ESTIMATORS", "MAX_DEPTH", "MAX_NODES", "MAX_TOPK", "Estimate", "HeadStats", "JsonInputError",
+    "DEFAULT_TOPK", "DEFAULT_TREE", "ESTIMATORS", "MAX_DEPTH", "MAX_NODES", "MAX_TOPK", "Estimate", "HeadStats", "JsonInputError",
     "Replay", "Run", "SizeChoice", "TraceError", "TreeBuffers", "TreeError", "TreeFile",
     "ar_runs", "best_tree", "best_tree_independent", "best_tree_position", "buffers", "chain", "cross_validate",
     "diff", "estimate", "expected_independent", "expected_position", "expected_replay", "expected_step_start",

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
 
-from .tree import TreeError, as_lists, depth, validate
+from .tree import MAX_TOPK, TreeError, as_lists, depth, validate
 
 SCHEMA_VERSION = 1
+DEFAULT_TOPK = 10  # a tree's topk when its file does not say (Medusa's)
 MAX_JSON_BYTES = 16 * 2**20  # tree, trace-line, latency and config files are far smaller
 
 
@@ -76,7 +77,7 @@ class TreeFile:
 
     medusa_choices: list[list[int]]
     num_heads: int | None = None
-    topk: int = 10
+    topk: int = DEFAULT_TOPK
     name: str = ""
     expected_accepted: float | None = None
     estimator: str = ""
@@ -111,7 +112,7 @@ def parse_tree(obj: object, *, where: str = "tree") -> TreeFile:
         raise TreeError(f"{where}: schema_version {version!r} is not supported (expected {SCHEMA_VERSION})")
     if "medusa_choices" not in obj:
         raise TreeError(f"{where}: missing 'medusa_choices'")
-    topk = obj.get("topk", 10)
+    topk = obj.get("topk", DEFAULT_TOPK)
     num_heads = obj.get("num_heads")
     if not isinstance(topk, int) or isinstance(topk, bool):
         raise TreeError(f"{where}: 'topk' must be an integer")
@@ -187,14 +188,15 @@ def save_tree(tree: TreeFile | Sequence[Sequence[int]], path: str | os.PathLike,
 
 
 def to_trtllm(choices: Sequence[Sequence[int]]) -> str:
-    """TensorRT-LLM takes `medusa_choices` as a list of lists (its `--medusa_choices` string)."""
-    return json.dumps(as_lists(validate(choices))).replace(" ", "")
+    """TensorRT-LLM takes `medusa_choices` as a list of lists (its `--medusa_choices` string). Exports
+    check the tree's shape only: its ranks were checked against its own topk when it was read."""
+    return json.dumps(as_lists(validate(choices, topk=MAX_TOPK))).replace(" ", "")
 
 
 def to_vllm(choices: Sequence[Sequence[int]]) -> str:
     """vLLM's `speculative_token_tree`: a Python-literal list of tuples, breadth-first."""
     return "[" + ", ".join("(" + ", ".join(map(str, p)) + ("," if len(p) == 1 else "") + ")"
-                           for p in validate(choices)) + "]"
+                           for p in validate(choices, topk=MAX_TOPK)) + "]"
 
 
 def from_counts(counts: Sequence[int]) -> list[list[int]]:

@@ -16,6 +16,7 @@ from pathlib import Path
 import gradio as gr
 
 import trees
+from engine.accept import RULES
 
 from . import figures
 from .handlers import EDITOR, MAX_PROMPT_CHARS, UserError, Workbench, example_prompt, text_html
@@ -25,6 +26,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_UPLOAD = "1mb"  # per file (Gradio's check) ...
 MAX_UPLOAD_REQUEST = 2_000_000  # ... and per request, all files together (UploadLimit)
 PRIVATE = dict(api_visibility="private")
+ACCEPT_CHOICES = [(rule.label, name) for name, rule in RULES.items()]  # (label shown, value sent)
 TABLE_HEADERS = ["node", "path", "token", "head p", "path p", "status", "why"]
 TEXT_CSS = """
 pre.out { white-space: pre-wrap; font-size: 14px; line-height: 1.45; max-height: 460px; overflow-y: auto; margin: 0; }
@@ -115,7 +117,7 @@ def build_app(wb: Workbench) -> gr.Blocks:
                     tree_pick = gr.Dropdown(names, value=trees.DEFAULT_TREE, label="tree")
                     with gr.Row():
                         mode = gr.Radio(["medusa", "ar"], value="medusa", label="mode")
-                        accept = gr.Radio(["greedy", "typical", "sample"], value="greedy", label="acceptance",
+                        accept = gr.Radio(ACCEPT_CHOICES, value="greedy", label="acceptance",
                                           info="greedy and sample are lossless; typical is not")
                     with gr.Row():
                         temperature = gr.Slider(0, 2, value=0.7, step=0.05, label="temperature (typical / sample)")
@@ -233,7 +235,7 @@ def build_app(wb: Workbench) -> gr.Blocks:
                 cmp_upload = gr.File(label="prompt file", file_types=[".jsonl", ".json", ".txt", ".md"])
             with gr.Row():
                 cmp_tokens = gr.Slider(8, max_tokens, value=64, step=8, label="tokens per prompt")
-                cmp_accept = gr.Radio(["greedy", "typical", "sample"], value="greedy", label="acceptance")
+                cmp_accept = gr.Radio(ACCEPT_CHOICES, value="greedy", label="acceptance")
                 cmp_temp = gr.Slider(0, 2, value=0.7, step=0.05, label="temperature")
                 cmp_seed = gr.Number(value=0, precision=0, label="seed", minimum=0)
             with gr.Row():

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import trees
 from engine import Engine, GenerationConfig, GenerationError
+from engine.accept import RULES
 from engine.prompts import Prompt, PromptFileError, heldout_prompts, parse_prompts, read_prompts
 from trees.estimate import accepted_length
 
@@ -718,7 +719,7 @@ class Workbench:
                 raise UserError("samples must be 1..256")
         except (UserError, TypeError, ValueError) as e:
             return [], f"✗ {e}"
-        rules = ("greedy", "typical", "sample")
+        rules = tuple(RULES)
         tv = {r: [] for r in rules + ("AR vs AR",)}
         per_step = {r: [0, 0] for r in rules}
         with self.lock:
@@ -735,8 +736,7 @@ class Workbench:
                                                seed=1)
                     per_step[r][0] += res.new_tokens
                     per_step[r][1] += res.steps
-        lossless = {"greedy": "yes, for greedy decoding (T = 0) only", "typical": "no",
-                    "sample": "yes, at any temperature", "AR vs AR": "(noise floor)"}
+        lossless = {name: rule.lossless for name, rule in RULES.items()} | {"AR vs AR": "(noise floor)"}
         rows = [[r, lossless[r], round(per_step[r][0] / per_step[r][1], 3) if r in per_step else None,
                  round(sum(tv[r]) / len(tv[r]), 3)] for r in tv]
         return rows, (f"{len(prompts)} prompts, {n_samples} samples each, first {prefix_tokens} tokens, T = {t}; "

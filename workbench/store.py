@@ -80,7 +80,8 @@ class Store:
         run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
         d = self.runs_dir / run_id
         d.mkdir(parents=True)
-        header = {"type": "header", "schema_version": 1, **settings}
+        # the trace schema's header (docs/trace-schema.md) names the rule `acceptance`; the settings say `accept`
+        header = {"type": "header", "schema_version": 1, "acceptance": settings.get("accept"), **settings}
         lines = [json.dumps(header, ensure_ascii=False)] + [json.dumps(t, ensure_ascii=False) for t in traces]
         self._write(d / "trace.jsonl", "\n".join(lines) + "\n")
         tokens = sum(len(t["accepted_tokens"]) for t in traces)
