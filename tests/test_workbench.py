@@ -336,8 +336,8 @@ def test_rule_comparison_has_a_row_per_registered_rule(wb):
     from engine.accept import RULES
 
     session = wb.sessions.get("rules")
-    rows, msg = wb.compare_rules(session, "demo_tuned", "", wb.prompt_set("held-out", "", None, 1), 0.8, 2,
-                                 max_new_tokens=16)
+    rows, msg = wb.compare_rules(session, "chain_2", "", wb.prompt_set("pasted", "def f(x):", None, 1), 0.8, 1,
+                                 max_new_tokens=8)
     assert [r[0] for r in rows] == [*RULES, "AR vs AR"] and "T = 0.8" in msg
     assert [r[1] for r in rows[:-1]] == [rule.lossless for rule in RULES.values()]
     assert all(r[2] >= 1 for r in rows[:-1]) and all(0 <= r[3] <= 1 for r in rows)

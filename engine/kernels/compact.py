@@ -50,18 +50,18 @@ if triton is not None:
         # a warp could store slot j before another warp had loaded slot j as a source.
         if BARRIER:
             tl.debug_barrier()
-        tl.store(k_base + dst[:, None] * sks + d[None, :], k, mask=tile)
+        tl.store(k_base + dst[:, None] * sks + d[None, :], k, mask=tile)  # phase 2: every destination row
         tl.store(v_base + dst[:, None] * svs + d[None, :], v, mask=tile)
 
 
 def compact(k: torch.Tensor, v: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, barrier: bool = True) -> None:
     """`compact_reference` in one launch, race-free by construction: one program per (layer, request,
-    KV head) owns every slot its rows read or write (programs never share a slot), loads all of its
-    source rows into registers, waits at a block barrier (`bar.sync`: the loads every thread issued
-    before it are performed, for every thread of the block, before any goes on), then stores them all. Indices are read on the device, so it
-    runs inside a captured CUDA graph. CUDA tensors; the head dim contiguous. `barrier=False` builds
-    the racy kernel, only for the stress test's control (tests/test_compact_stress_gpu.py): the race
-    must be seen without the barrier, or the test could not see it at all."""
+    KV head) owns every slot its rows read or write (programs never share a slot); it loads all of its
+    source rows into registers, waits at a block barrier (`bar.sync`: every load a thread issued before
+    it has been performed, for every thread of the block, before any thread goes on), then stores them
+    all. Indices are read on the device, so it runs inside a captured CUDA graph. CUDA tensors; the
+    head dim contiguous. `barrier=False` builds the racy kernel, only for the stress test's control
+    (tests/test_compact_stress_gpu.py): the race must show without the barrier, or the test is blind."""
     n_layers, _, heads, _, d = k.shape
     b, n = src.shape
     if k.stride(-1) != 1 or v.stride(-1) != 1:
