@@ -113,3 +113,29 @@ def test_harness_counts_what_a_wrong_copy_breaks_and_nothing_else(name):
     # later row (written first) has overwritten: in every layer, request and head, on every launch
     clobbered = len([j for j in range(1, case.rows) if SPREAD * j < case.rows])
     assert bad == 3 and rows == 3 * clobbered * case.layers * len(case.starts) * case.heads
+
+
+def test_compiled_kernel_stores_nothing_before_every_load_is_done():
+    """The race's cause, checked without a GPU: Triton compiles the kernel for sm_90 here, and in the
+    PTX every global load comes before the block barrier and every global store after it (the kernel
+    built without its barrier has none: the layout the race was measured on)."""
+    triton = pytest.importorskip("triton", reason="Triton is not installed (it compiles for CUDA without a GPU)")
+    from triton.backends.compiler import GPUTarget
+
+    from engine.kernels.compact import _compact
+
+    signature = {"K": "*bf16", "V": "*bf16", "Src": "*i64", "Dst": "*i64", **dict.fromkeys(("B", "H", "n"), "i32"),
+                 **dict.fromkeys(("skl", "skb", "skh", "sks", "svl", "svb", "svh", "svs"), "i64"),
+                 **dict.fromkeys(("BLOCK_N", "BLOCK_D", "D", "BARRIER"), "constexpr")}
+
+    def ptx(barrier: bool, rows: int, d: int) -> list[str]:
+        src = triton.compiler.ASTSource(fn=_compact, signature=signature,
+                                        constexprs={"BLOCK_N": rows, "BLOCK_D": d, "D": d, "BARRIER": barrier})
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"].splitlines()
+
+    for rows, d in ((16, 128), (64, 128), (16, 64)):
+        lines = ptx(True, rows, d)
+        at = lambda op: [i for i, line in enumerate(lines) if op in line]  # noqa: E731
+        assert len(at("bar.sync")) == 1, (rows, d)
+        assert max(at("ld.global")) < at("bar.sync")[0] < min(at("st.global")), (rows, d)
+        assert not [line for line in ptx(False, rows, d) if "bar.sync" in line]
