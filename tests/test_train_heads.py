@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import VOCAB, make_hf_model
+from conftest import VOCAB
 
 import engine
 from engine.heads import MedusaHeads
@@ -119,15 +119,8 @@ def test_cut_at_eos_keeps_the_eos():
     assert cut_at_eos([5, 6], {2}) == ([5, 6], False)
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    make_hf_model(d, "llama", n_kv=2)
-    return d
-
-
-def test_self_distill_writes_the_models_own_greedy_answers_and_resumes(tmp_path, tiny_model):
-    eng = engine.load(tiny_model, heads=False, device="cpu")
+def test_self_distill_writes_the_models_own_greedy_answers_and_resumes(tmp_path, llama_dir):
+    eng = engine.load(llama_dir, heads=False, device="cpu")
     eng.eos_ids = {7}
     prompts = [[1, 2, 3], [4, 5], [6, 8, 9, 10], [11], [12, 13]]
     rep = self_distill(eng, prompts[:3], tmp_path / "d", max_new_tokens=6, batch=2, log=lambda *_: None)
@@ -143,7 +136,7 @@ def test_self_distill_writes_the_models_own_greedy_answers_and_resumes(tmp_path,
         assert seqs.answer_start[i] == len(p)
 
 
-def test_train_heads_learns_resumes_and_stops_on_sigterm(tmp_path, tiny_model):
+def test_train_heads_learns_resumes_and_stops_on_sigterm(tmp_path, llama_dir):
     """Loss goes down on learnable data; a second call with more epochs continues from the
     checkpoint; a SIGTERM mid-run leaves a checkpoint the same command resumes from."""
     rng = np.random.default_rng(0)
@@ -152,20 +145,20 @@ def test_train_heads_learns_resumes_and_stops_on_sigterm(tmp_path, tiny_model):
     held = seqs.subset(np.arange(5))
     out = tmp_path / "h.safetensors"
     kw = dict(num_heads=2, batch_tokens=800, lr=3e-3, eval_every=10_000, device="cpu", log=lambda *_: None)
-    first = train_heads(str(tiny_model), seqs, held, str(out), epochs=3, **kw)
+    first = train_heads(str(llama_dir), seqs, held, str(out), epochs=3, **kw)
     assert first["finished"] and first["steps"] == 3 * len(batches(seqs, 800, np.random.default_rng(0)))
-    more = train_heads(str(tiny_model), seqs, held, str(out), epochs=12, **kw)
+    more = train_heads(str(llama_dir), seqs, held, str(out), epochs=12, **kw)
     assert more["steps"] == 4 * first["steps"]  # resumed, not restarted
     assert [h["step"] for h in more["history"]] == [first["steps"], more["steps"]]
     assert more["heldout"][0]["top1"] > first["history"][0]["heldout"][0]["top1"]
-    eng = engine.load(tiny_model, heads=out, device="cpu")
+    eng = engine.load(llama_dir, heads=out, device="cpu")
     assert eng.num_heads == 2
     # a budgeted run, killed by SIGTERM, then resumed to the end of its budget
     data = tmp_path / "data"
     from engine.train.data import write_shard
 
     write_shard(data, 0, Sequences.from_list([motif * 3] * 200, [0] * 200))
-    cmd = [sys.executable, "-m", "engine", "train-heads", "--model", str(tiny_model), "--data", str(data),
+    cmd = [sys.executable, "-m", "engine", "train-heads", "--model", str(llama_dir), "--data", str(data),
            "--out", str(tmp_path / "b.safetensors"), "--heads", "2", "--minutes", "0.3", "--batch-tokens", "600",
            "--eval-every", "100000", "--device", "cpu"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -184,18 +177,18 @@ def test_train_heads_learns_resumes_and_stops_on_sigterm(tmp_path, tiny_model):
     assert resumed["finished"] and resumed["steps"] > stopped["steps"] and "resumed from" in done.stderr
 
 
-def test_read_sequences_takes_a_distill_folder_or_text(tmp_path, tiny_model):
+def test_read_sequences_takes_a_distill_folder_or_text(tmp_path, llama_dir):
     np.save(tmp_path / "tok.npy", np.arange(50) % VOCAB)
-    s = read_sequences(tmp_path / "tok.npy", tiny_model, 20)
+    s = read_sequences(tmp_path / "tok.npy", llama_dir, 20)
     assert len(s) == 2 and s.answer_start.tolist() == [0, 0]
     from engine.train.data import write_shard
 
     write_shard(tmp_path / "d", 0, Sequences.from_list([[1, 2, 3]], [1]))
-    assert read_sequences(tmp_path / "d", tiny_model, 20).answer_start.tolist() == [1]
+    assert read_sequences(tmp_path / "d", llama_dir, 20).answer_start.tolist() == [1]
 
 
-def test_greedy_continuations_equal_generate_without_eos(tiny_model):
-    eng = engine.load(tiny_model, heads=False, device="cpu")
+def test_greedy_continuations_equal_generate_without_eos(llama_dir):
+    eng = engine.load(llama_dir, heads=False, device="cpu")
     prompts = [[1, 2, 3], [4, 5], [6, 8, 9, 10, 11, 12], [13]]
     bulk = eng.greedy_continuations(prompts, 9)
     assert bulk == [r.token_ids for r in eng.generate(prompts, 9, mode="ar", stop_on_eos=False)]
