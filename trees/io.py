@@ -200,12 +200,20 @@ def to_vllm(choices: Sequence[Sequence[int]]) -> str:
 
 
 def from_counts(counts: Sequence[int]) -> list[list[int]]:
-    """Old Medusa format: `[1, 7, 6]` = the full product tree with that many ranks per depth."""
+    """Medusa 0.1's tree format: a count per level, the root's first, every product path kept.
+    `[1, 7, 6]` is the root, head 0's top 7 under it and head 1's top 6 under each of those:
+    7 + 42 = 49 nodes of depth 2 (as Medusa 0.1 builds it; the root is the base model's own token,
+    so its count is always 1)."""
     if not counts or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts):
-        raise TreeError(f"per-head counts {list(counts)!r}: need a non-empty list of positive integers")
+        raise TreeError(f"per-level counts {list(counts)!r}: need a non-empty list of positive integers")
+    if counts[0] != 1:
+        raise TreeError(f"per-level counts {list(counts)!r}: the first count is the root's (the base model's "
+                        "own token) and must be 1")
+    if len(counts) == 1:
+        raise TreeError("per-level counts [1]: only the root; give at least one head's count")
     level: list[tuple[int, ...]] = [()]
     out: list[tuple[int, ...]] = []
-    for c in counts:
+    for c in counts[1:]:
         level = [p + (r,) for p in level for r in range(c)]
         out.extend(level)
-    return as_lists(validate(out, topk=max(max(counts), 1)))
+    return as_lists(validate(out, topk=max(counts)))
