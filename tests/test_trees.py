@@ -398,3 +398,23 @@ def test_stats_reads_several_files(tmp_path, capsys):
     pooled = trees.ar_runs(trees.read_runs(a)) + trees.ar_runs(trees.read_runs(b))
     assert out["estimates"]["replay"]["value"] == round(trees.expected_replay(trees.preset("chain_2"), pooled), 4)
 
+
+def test_exporters_warn_when_a_tree_will_not_survive_its_target(tmp_path, capsys):
+    from trees.__main__ import main
+
+    gapped = [[0], [2], [0, 0]]  # depth-1 ranks 0 and 2: our optimiser makes such trees
+    assert trees.export_warnings(gapped, "trtllm") == [
+        "depth-1 ranks [0, 2] are not 0..1: TensorRT-LLM's older Python-session Medusa parser corrupts such trees"]
+    assert trees.export_warnings([[0], [1], [0, 0]], "trtllm") == []
+    big = trees.kary(8, 2)  # 72 nodes
+    assert "an engine built with max_draft_len 63" in trees.export_warnings(big, "trtllm")[0]
+    assert trees.export_warnings(trees.preset("mc_sim_7b_63"), "trtllm") == []
+    assert trees.export_warnings(trees.chain(4), "vllm") == []
+    assert "drafts each head's top-1" in trees.export_warnings([[0], [1]], "vllm")[0]
+    f = tmp_path / "gapped.json"
+    f.write_text(json.dumps(gapped))
+    assert main(["export", str(f), "--to", "trtllm"]) == 0  # a warning, not an error
+    out = capsys.readouterr()
+    assert out.out.strip() == "[[0],[2],[0,0]]"
+    assert out.err.count("\n") == 1 and out.err.startswith("warning: depth-1 ranks [0, 2] are not 0..1")
+    assert main(["export", "chain_3", "--to", "vllm"]) == 0 and capsys.readouterr().err == ""

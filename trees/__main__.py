@@ -23,6 +23,7 @@ from . import (
     cross_validate,
     diff,
     estimate,
+    export_warnings,
     head_stats,
     latency_points,
     load_tree,
@@ -379,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         elif a.cmd == "export":
             t = resolve(a.tree)
             print({"trtllm": to_trtllm, "vllm": to_vllm, "json": json.dumps}[a.to](t))
+            if warnings := export_warnings(t, a.to):
+                sys.stderr.write(f"warning: {'; '.join(warnings)}\n")
         elif a.cmd == "diff":
             cmd_diff(a)
     except (TreeError, TraceError, JsonInputError, FileExistsError, ValueError, OSError) as err:
