@@ -8,6 +8,7 @@
   Request    one prompt's output: cuts at EOS and the token limit, text through the detokeniser
   trace      traced runs give each StepEvent the run's TraceContext and write its line
              (engine/trace.py: the record and its JSON are one thing)
+  StepClock  each step's wall time (`step_ms`), its forward included on every runner
 The first token is sampled only under a rule that samples (`sample`); greedy and typical start
 from the argmax. Requests that finish leave the batch once no step is in flight (docs/algorithm.md).
 """
@@ -103,6 +104,39 @@ class GraphRunner:
         return self.graphs.collect(handle, state)
 
 
+class StepClock:
+    """Each step's wall time, forward included: from the moment the step could start to the moment
+    its result was read. A step launched after the previous one was read (the eager runner) starts at
+    its launch, so its forward counts; a step queued before the previous read (the graph runner, one
+    step ahead) starts when that read ended, so the two never share time. Time the caller of the
+    stream spends between steps is the caller's, not a step's. Summed over a run, the steps' times
+    are the run's wall time less prefill and the caller's time.
+
+    Timeline of a queued step N+1:  launch N+1 | read N ... [caller] ... read N+1
+    its time: read N -> read N+1, less [caller]."""
+
+    def __init__(self, clock=time.perf_counter):
+        self.clock = clock
+        self.last_read: float | None = None
+        self.paused = 0.0  # caller's time since the last read
+
+    def now(self) -> float:
+        return self.clock()
+
+    def read(self, launched: float) -> float:
+        """Milliseconds of the step launched at `launched` whose result was just read."""
+        now = self.clock()
+        if self.last_read is not None and launched < self.last_read:  # queued before the previous read
+            start, caller = self.last_read, self.paused
+        else:  # launched after it: the caller's time lies before the launch
+            start, caller = launched, 0.0
+        self.last_read, self.paused = now, 0.0
+        return (now - start - caller) * 1000
+
+    def caller_took(self, seconds: float) -> None:
+        self.paused += seconds
+
+
 class Session:
     """Decode a batch of prompts under one GenerationConfig. Built (and checked) by Engine.session."""
 
@@ -113,29 +147,32 @@ class Session:
         self.runner, self.trace, self.writer, self.gen = runner, trace, writer, gen
         self.prefill_heads = heads
         self.per_step = buf.depth + 1 if buf is not None else 1  # most tokens one step can commit
+        self.clock = StepClock()
 
     def run(self) -> Iterator[list[StepEvent]]:
         """Yield, per step, the event of every request still running."""
         params = root_params(self.cfg.rule(), self.cfg.sampling())
         state = prefill(self.model, self.prefill_heads, [r.prompt for r in self.requests], params, self.gen)
         rows = list(range(len(self.requests)))  # the request of each batch row
-        inflight = (self.runner.launch(state), rows)
+        clock = self.clock
+        inflight = self._launch(state, rows)
         try:
             for step in itertools.count():
-                t0 = time.perf_counter()
-                handle, rows = inflight
+                handle, rows, launched = inflight
                 inflight = None
                 if self.runner.ahead and not self._may_end(rows):  # queue step N+1 before reading step N
-                    inflight = (self.runner.launch(state, self.per_step), rows)
+                    inflight = self._launch(state, rows, self.per_step)
                 prefix = list(state.host_lengths)
                 results = self.runner.collect(handle, state)
-                ms = (time.perf_counter() - t0) * 1000
+                ms = clock.read(launched)
                 # a request that ended at step N is still in the batch of a step N+1 queued before that
                 # was known: its row of that step is dropped here
                 events = [self._event(step, self.requests[req], ev, prefix[row], ms)
                           for row, (req, ev) in enumerate(zip(rows, results)) if self.requests[req].finish is None]
                 if events:
+                    handed = clock.now()
                     yield events
+                    clock.caller_took(clock.now() - handed)
                 live = [i for i, req in enumerate(rows) if self.requests[req].finish is None]
                 if not live:
                     return
@@ -144,10 +181,15 @@ class Session:
                         state.keep(live)
                         self.model.cache.keep_rows(torch.tensor(live, device=state.root.device))
                         rows = [rows[i] for i in live]
-                    inflight = (self.runner.launch(state), rows)
+                    inflight = self._launch(state, rows)
         finally:
             if inflight is not None and hasattr(inflight[0], "done"):  # a step queued past the end
                 inflight[0].done.synchronize()
+
+    def _launch(self, state: DecodeState, rows: list[int], ahead: int = 0) -> tuple:
+        """Launch a step (the eager runner runs it here, forward included) -> (handle, rows, launch time)."""
+        launched = self.clock.now()
+        return self.runner.launch(state, ahead), rows, launched
 
     def close(self) -> None:
         if self.writer is not None:

@@ -97,3 +97,63 @@ def oracle_steps(tree: list[list[int]], n_tokens: int, num_heads: int, rank) -> 
             keep += 1
         s, steps = s + 1 + keep, steps + 1
     return steps
+
+
+def ar_run(vectors, probs=None, topk: int = 3):
+    """A trees.Run of one AR step per rank vector in `vectors`, its heads' top-k made to match (a rank
+    names exactly one token: the stream's tokens are distinct); probs[i][k]: head k's top-k
+    probabilities at step i (None: not recorded)."""
+    import trees
+
+    n = len(vectors)
+    stream = list(range(100, 100 + n))
+    heads = []
+    for i, v in enumerate(vectors):
+        step = []
+        for k, r in enumerate(v):
+            top = [-1 - j for j in range(topk)]
+            if r is not None and i + 1 + k < n:
+                top[r] = stream[i + 1 + k]
+            step.append(top)
+        heads.append(step)
+    head_probs = probs or [[[None] * topk for _ in v] for v in vectors]
+    return trees.Run(header={"mode": "ar"}, tokens=[[t] for t in stream], head_tokens=heads, head_probs=head_probs,
+                     accepted=[1] * n)
+
+
+def random_ar_runs(seed: int, n_runs: int = 12, length: int = 60, heads: int = 3, probs: bool = False):
+    """AR runs of random rank vectors over top-3 candidates; heads are correlated (after a miss, later
+    heads miss more often). probs=True: each step's heads carry top-3 probabilities that put their
+    mass on the right rank and those above it (as real heads tend to), so a tree drafted from them per
+    step can beat a fixed one."""
+    g = torch.Generator().manual_seed(seed)
+    runs = []
+    for _ in range(n_runs):
+        vec, prob = [], []
+        for _i in range(length):
+            v, p = [], []
+            for _k in range(heads):
+                r = int(torch.randint(0, 5, (1,), generator=g))
+                v.append(None if r >= 3 or (v and v[-1] is None and r > 0) else r)
+                u = torch.rand(3, generator=g).tolist()
+                # the right rank and those above it get most of the mass (none right: a flat, low head)
+                share = {0: 0.6 + 0.35 * u[0], 1: 0.7, 2: 0.8, None: 0.3}[v[-1]]
+                ranks = 1 if v[-1] is None else v[-1] + 1
+                p.append(sorted([share / ranks * (0.9 + 0.1 * x) for x in u[:ranks]] +
+                                [0.02 * x for x in u[ranks:]], reverse=True))
+            vec.append(v)
+            prob.append(p)
+        runs.append(ar_run(vec, prob if probs else None))
+    return runs
+
+
+def write_ar_trace(path, runs, header: dict | None = None) -> None:
+    """A trace file (docs/trace-schema.md) of trees.Runs: a header per run, one line per step with
+    the heads' top-k ids and probabilities."""
+    with open(path, "w") as f:
+        for run in runs:
+            f.write(json.dumps({"type": "header", "schema_version": 1, "mode": "ar", **(header or {})}) + "\n")
+            for i, (tokens, ids, probs) in enumerate(zip(run.tokens, run.head_tokens, run.head_probs)):
+                head_topk = [[{"token": t, "text": "", "prob": p} for t, p in zip(h, ph)] for h, ph in zip(ids, probs)]
+                f.write(json.dumps({"step": i, "accepted_tokens": tokens, "accepted_nodes": [0],
+                                    "head_topk": head_topk}) + "\n")

@@ -3,6 +3,7 @@ import json
 
 import pytest
 import torch
+from conftest import ar_run, random_ar_runs, write_ar_trace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -145,10 +146,18 @@ def test_bare_list_loads(tmp_path):
 def test_exports_and_counts():
     assert trees.to_trtllm([[0], [0, 0]]) == "[[0],[0,0]]"
     assert trees.to_vllm([[0], [1], [0, 0]]) == "[(0,), (1,), (0, 0)]"
+
+
+def test_from_counts_reads_medusa_0_1_count_lists_as_0_1_does():
+    """[1, 7, 6]: the root (its count is 1), head 0's top 7, head 1's top 6 under each: 7 + 42 = 49 nodes
+    of depth 2 (an earlier reading took the 1 as head 0's count: 50 nodes of depth 3)."""
     t = trees.from_counts([1, 7, 6])
-    assert len(t) == 1 + 7 + 42 and [0, 6, 5] in t
-    with pytest.raises(TreeError):
-        trees.from_counts([0])
+    assert len(t) == 49 and max(len(p) for p in t) == 2
+    assert [6, 5] in t and [7] not in t and [0, 6] not in t
+    assert trees.from_counts([1, 3]) == [[0], [1], [2]]
+    for bad, msg in (([0], "positive integers"), ([2, 3], "the first count is the root's"), ([1], "only the root")):
+        with pytest.raises(TreeError, match=msg):
+            trees.from_counts(bad)
 
 
 def test_presets():
@@ -194,23 +203,6 @@ def _vectors(seed, n=200, heads=3, topk=3):
     return out
 
 
-def _run(vectors):
-    """A Run whose rank vectors are `vectors` (one AR step per vector; heads' top-3 made to match)."""
-    n = len(vectors)
-    stream = list(range(100, 100 + n))  # distinct tokens, so a rank names exactly one token
-    tokens = [[t] for t in stream]
-    heads = []
-    for i, v in enumerate(vectors):
-        step = []
-        for k, r in enumerate(v):
-            top = [-1 - j for j in range(3)]
-            if r is not None and i + 1 + k < n:
-                top[r] = stream[i + 1 + k]
-            step.append(top)
-        heads.append(step)
-    return trees.Run(header={"mode": "ar"}, tokens=tokens, head_tokens=heads, accepted=[1] * n)
-
-
 @pytest.mark.parametrize("seed", [0, 1])
 def test_position_optimiser_beats_every_tree(seed):
     vec = _vectors(seed)
@@ -223,35 +215,20 @@ def test_position_optimiser_beats_every_tree(seed):
 def test_replay_walks_step_starts():
     """Hand-made rank vectors: the walk visits positions 0, 2, 3, 6 (a run of 7 tokens: 4 steps)."""
     vec = [[0, 1], [1, 1], [None], [0, 0], [0], [0], []]
-    run = _run(vec)
+    run = ar_run(vec)
     assert run.vectors == [[0, 1], [1, 1], [None], [0, 0], [0], [0], []]
     tree = [[0], [0, 1], [1]]
     # pos 0: [0, 1] kept (2) -> pos 3; [0, 0]: [0] kept (1) -> pos 5; [0] kept -> pos 7: 3 steps for 7 tokens
     assert trees.expected_replay(tree, [run]) == pytest.approx(7 / 3)
     # the position-averaged estimate counts every position: L = 2, 1, 0, 1, 1, 1, 0
     assert trees.expected_position(tree, [run]) == pytest.approx(1 + 6 / 7)
-    est = trees.estimate(tree, [run, _run(vec[:4])], "replay", samples=200)
+    est = trees.estimate(tree, [run, ar_run(vec[:4])], "replay", samples=200)
     assert est.runs == 2 and est.ci95[0] <= est.value <= est.ci95[1]
-
-
-def _random_runs(seed, n_runs=12, length=60, heads=3):
-    g = torch.Generator().manual_seed(seed)
-    runs = []
-    for _ in range(n_runs):
-        vec = []
-        for _i in range(length):
-            v = []
-            for _k in range(heads):  # correlated heads: after a miss, later heads miss more often
-                r = int(torch.randint(0, 5, (1,), generator=g))
-                v.append(None if r >= 3 or (v and v[-1] is None and r > 0) else r)
-            vec.append(v)
-        runs.append(_run(vec))
-    return runs
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_replay_optimiser_never_loses_to_its_seed_and_matches_brute_force_when_small(seed):
-    runs = _random_runs(seed)
+    runs = random_ar_runs(seed)
     for n in (2, 3):
         tree, log = trees.optimize_replay(runs, n, topk=3, max_depth=3)
         assert log.steps <= log.seed_steps and len(tree) == n
@@ -263,17 +240,17 @@ def test_replay_optimiser_never_loses_to_its_seed_and_matches_brute_force_when_s
 
 
 def test_cross_validation_reports_held_out_replay():
-    runs = _random_runs(3)
+    runs = random_ar_runs(3)
     cv = trees.cross_validate(runs, 6, "replay", folds=3, topk=3, max_depth=3)
     assert len(cv["per_fold"]) == 3 and 1 <= cv["heldout_tokens_per_step"] <= 4 and len(cv["tree"]) == 6
 
 
 def test_bootstrap_is_over_runs():
     """Ten copies of one run: resampling whole runs gives no spread at all (it would over positions)."""
-    run = _random_runs(4, n_runs=1)[0]
+    run = random_ar_runs(4, n_runs=1)[0]
     est = trees.estimate([[0], [0, 0]], [run] * 10, "replay", samples=100)
     assert est.ci95[0] == est.ci95[1] == pytest.approx(est.value)
-    mixed = trees.estimate([[0], [0, 0]], _random_runs(5), "replay", samples=200)
+    mixed = trees.estimate([[0], [0, 0]], random_ar_runs(5), "replay", samples=200)
     assert mixed.ci95[0] < mixed.value < mixed.ci95[1]
 
 
@@ -353,10 +330,10 @@ def test_step_start_under_typical_is_the_longest_passing_path_not_a_sum():
 
 
 def test_cross_validation_needs_two_prompts_and_says_so():
-    runs = _random_runs(6, n_runs=1)
+    runs = random_ar_runs(6, n_runs=1)
     with pytest.raises(ValueError, match="cross-validation needs at least 2 prompts, got 1"):
         trees.cross_validate(runs, 4, "replay", folds=5, topk=3, max_depth=3)
-    cv = trees.cross_validate(_random_runs(6, n_runs=2), 4, "replay", folds=5, topk=3, max_depth=3)
+    cv = trees.cross_validate(random_ar_runs(6, n_runs=2), 4, "replay", folds=5, topk=3, max_depth=3)
     assert cv["folds"] == 2 and len(cv["per_fold"]) == 2
 
 
@@ -376,3 +353,68 @@ def test_export_show_and_resolve_check_ranks_against_the_files_own_topk(tmp_path
         trees.resolve(str(f), topk=10)
     f.write_text(json.dumps({"schema_version": 1, "medusa_choices": [[0], [25]], "topk": 20}))
     assert main(["show", str(f)]) == 2 and r"rank 25 is outside [0, 20)" in capsys.readouterr().err
+
+
+def test_optimize_replay_takes_the_plain_rank_vectors_replay_takes():
+    """`Replay` scores runs given as lists of rank vectors; the optimiser built on it raised TypeError on them."""
+    runs = random_ar_runs(7, n_runs=4)
+    plain = [r.vectors for r in runs]
+    assert trees.expected_replay([[0]], plain) == trees.expected_replay([[0]], runs)
+    tree, log = trees.optimize_replay(plain, 5, topk=3, max_depth=3)
+    assert (tree, log.steps) == (lambda t, g: (t, g.steps))(*trees.optimize_replay(runs, 5, topk=3, max_depth=3))
+    assert trees.best_tree(plain, 5, "position", topk=3, max_depth=3) == trees.best_tree(runs, 5, "position", topk=3, max_depth=3)
+
+
+def test_optimize_cli_limits_topk_depth_and_search_time(tmp_path, capsys):
+    from trees.__main__ import main
+
+    traces = tmp_path / "ar.jsonl"
+    write_ar_trace(traces, random_ar_runs(8, n_runs=4))
+    out = tmp_path / "t.json"
+    assert main(["optimize", "--traces", str(traces), "--nodes", "3", "--topk", "2", "--max-depth", "1",
+                 "--out", str(out), "--samples", "0"]) == 0, capsys.readouterr().err
+    tf = trees.load_tree(out)
+    assert tf.medusa_choices == [[0], [1]] and tf.topk == 2 and "--topk 2 --max-depth 1" in tf.source  # 2 ranks, depth 1
+    assert main(["optimize", "--traces", str(traces), "--nodes", "6", "--max-depth", "2", "--time-limit", "5",
+                 "--out", str(out), "--overwrite", "--samples", "0"]) == 0
+    assert max(len(p) for p in trees.load_tree(out).medusa_choices) <= 2
+    capsys.readouterr()
+    assert main(["optimize", "--traces", str(traces), "--method", "position", "--time-limit", "5", "--out", str(out)]) == 2
+    assert "--time-limit bounds the replay optimiser's local search" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):
+        main(["optimize", "--traces", str(traces), "--time-limit", "soon", "--out", str(out)])
+
+
+def test_stats_reads_several_files(tmp_path, capsys):
+    from trees.__main__ import main
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    write_ar_trace(a, random_ar_runs(1, n_runs=3, length=20))
+    write_ar_trace(b, random_ar_runs(2, n_runs=2, length=30))
+    assert main(["stats", str(a), str(b), "--tree", "chain_2", "--samples", "20"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["runs"] == 5 and out["steps"] == 3 * 20 + 2 * 30
+    assert [(f["runs"], f["steps"]) for f in out["files"]] == [(3, 60), (2, 60)]
+    pooled = trees.ar_runs(trees.read_runs(a)) + trees.ar_runs(trees.read_runs(b))
+    assert out["estimates"]["replay"]["value"] == round(trees.expected_replay(trees.preset("chain_2"), pooled), 4)
+
+
+def test_exporters_warn_when_a_tree_will_not_survive_its_target(tmp_path, capsys):
+    from trees.__main__ import main
+
+    gapped = [[0], [2], [0, 0]]  # depth-1 ranks 0 and 2: our optimiser makes such trees
+    assert trees.export_warnings(gapped, "trtllm") == [
+        "depth-1 ranks [0, 2] are not 0..1: TensorRT-LLM's older Python-session Medusa parser corrupts such trees"]
+    assert trees.export_warnings([[0], [1], [0, 0]], "trtllm") == []
+    big = trees.kary(8, 2)  # 72 nodes
+    assert "an engine built with max_draft_len 63" in trees.export_warnings(big, "trtllm")[0]
+    assert trees.export_warnings(trees.preset("mc_sim_7b_63"), "trtllm") == []
+    assert trees.export_warnings(trees.chain(4), "vllm") == []
+    assert "drafts each head's top-1" in trees.export_warnings([[0], [1]], "vllm")[0]
+    f = tmp_path / "gapped.json"
+    f.write_text(json.dumps(gapped))
+    assert main(["export", str(f), "--to", "trtllm"]) == 0  # a warning, not an error
+    out = capsys.readouterr()
+    assert out.out.strip() == "[[0],[2],[0,0]]"
+    assert out.err.count("\n") == 1 and out.err.startswith("warning: depth-1 ranks [0, 2] are not 0..1")
+    assert main(["export", "chain_3", "--to", "vllm"]) == 0 and capsys.readouterr().err == ""

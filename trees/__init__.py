@@ -4,10 +4,13 @@ Needs only torch and the standard library; imports nothing from engine/ or workb
 """
 
 from .buffers import TreeBuffers, buffers, pack_mask_bits
+from .compare import Paired, compare_trees, pair_measured, paired, static_vs_dynamic
+from .dynamic import Calibration, dynamic_walk, estimate_dynamic, step_tree
 from .estimate import (
     ESTIMATORS,
     Estimate,
     Replay,
+    bootstrap,
     estimate,
     expected_independent,
     expected_position,
@@ -19,6 +22,7 @@ from .io import (
     DEFAULT_TOPK,
     JsonInputError,
     TreeFile,
+    export_warnings,
     from_counts,
     load_tree,
     parse_json,
@@ -75,12 +79,13 @@ def resolve(tree: object, topk: int | None = None, num_heads: int | None = None)
 
 
 __all__ = [
-    "DEFAULT_TOPK", "DEFAULT_TREE", "ESTIMATORS", "MAX_DEPTH", "MAX_NODES", "MAX_TOPK", "Estimate", "HeadStats", "JsonInputError",
-    "Replay", "Run", "SizeChoice", "TraceError", "TreeBuffers", "TreeError", "TreeFile",
-    "ar_runs", "best_tree", "best_tree_independent", "best_tree_position", "buffers", "chain", "cross_validate",
-    "diff", "estimate", "expected_independent", "expected_position", "expected_replay", "expected_step_start",
-    "from_counts", "head_stats", "kary", "latency_points", "load_tree", "names", "optimize_replay",
-    "pack_mask_bits", "parse_json", "parse_tree", "path_probability", "preset", "rank_vectors", "read_json_file",
-    "read_runs", "read_text_file", "register", "resolve", "run_of_steps", "save_tree", "select_size",
-    "sort_paths", "to_trtllm", "to_vllm", "validate", "write_atomic",
+    "DEFAULT_TOPK", "DEFAULT_TREE", "ESTIMATORS", "MAX_DEPTH", "MAX_NODES", "MAX_TOPK", "Calibration", "Estimate",
+    "HeadStats", "JsonInputError", "Paired", "Replay", "Run", "SizeChoice", "TraceError", "TreeBuffers", "TreeError",
+    "TreeFile", "ar_runs", "best_tree", "best_tree_independent", "best_tree_position", "bootstrap", "buffers", "chain",
+    "compare_trees", "cross_validate", "diff", "dynamic_walk", "estimate", "estimate_dynamic", "export_warnings", "expected_independent",
+    "expected_position", "expected_replay", "expected_step_start", "from_counts", "head_stats", "kary",
+    "latency_points", "load_tree", "names", "optimize_replay", "pack_mask_bits", "pair_measured", "paired",
+    "parse_json", "parse_tree", "path_probability", "preset", "rank_vectors", "read_json_file", "read_runs",
+    "read_text_file", "register", "resolve", "run_of_steps", "save_tree", "select_size", "sort_paths",
+    "static_vs_dynamic", "step_tree", "to_trtllm", "to_vllm", "validate", "write_atomic",
 ]

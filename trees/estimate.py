@@ -75,14 +75,16 @@ class Replay:
         if not any(self.chains):
             raise ValueError("no logged AR steps to estimate from (collect AR traces with head top-k)")
 
-    def walk(self, tree: set[Path]) -> list[tuple[int, int]]:
-        """(tokens, steps) of each run under the tree."""
+    def walk(self, tree: set[Path] | Callable[[int, int], set[Path]]) -> list[tuple[int, int]]:
+        """(tokens, steps) of each run under the tree: a fixed one, or tree(run, position) -> the tree
+        of the step that starts there (a dynamic tree, trees/dynamic.py), asked at step starts only."""
+        dynamic = callable(tree)
         out = []
-        for chains in self.chains:
+        for r, chains in enumerate(self.chains):
             n, i, steps = len(chains), 0, 0
             while i < n:
                 steps += 1
-                i += 1 + accepted_length(tree, chains[i])
+                i += 1 + accepted_length(tree(r, i) if dynamic else tree, chains[i])
             out.append((n, steps))
         return out
 
@@ -160,7 +162,8 @@ class Estimate:
         return f"{self.value:.3f} tokens/step, {self.estimator} estimator on {self.runs} runs / {self.positions} steps{ci}"
 
 
-def _bootstrap(per_run: Sequence, stat: Callable[[Sequence], float], samples: int, seed: int) -> tuple[float, float] | None:
+def bootstrap(per_run: Sequence, stat: Callable[[Sequence], float], samples: int, seed: int) -> tuple[float, float] | None:
+    """Percentile 95 % interval of stat over resamples of whole runs (prompts); None with fewer than two."""
     if len(per_run) < 2 or samples < 1:
         return None
     rng = random.Random(seed)
@@ -182,7 +185,7 @@ def estimate(choices: Sequence[Sequence[int]], runs: Sequence[Run], estimator: s
         def stat(rs):
             return sum(sum(v) for v in rs) / sum(len(v) for v in rs)
 
-        return Estimate(stat(per_run), _bootstrap(per_run, stat, samples, seed), estimator, len(per_run),
+        return Estimate(stat(per_run), bootstrap(per_run, stat, samples, seed), estimator, len(per_run),
                         sum(len(v) for v in per_run))
     rp = replay or Replay(runs)
     tree = _tree_set(choices)
@@ -204,4 +207,4 @@ def estimate(choices: Sequence[Sequence[int]], runs: Sequence[Run], estimator: s
 
         def stat(rs):
             return expected_independent(choices, head_stats([v for r in rs for v in r], depth, topk=MAX_TOPK).accuracy())
-    return Estimate(stat(per_run), _bootstrap(per_run, stat, samples, seed), estimator, len(per_run), positions)
+    return Estimate(stat(per_run), bootstrap(per_run, stat, samples, seed), estimator, len(per_run), positions)

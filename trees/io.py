@@ -199,13 +199,50 @@ def to_vllm(choices: Sequence[Sequence[int]]) -> str:
                            for p in validate(choices, topk=MAX_TOPK)) + "]"
 
 
+TRTLLM_MAX_DRAFT_LEN = 63  # the max_draft_len TensorRT-LLM's Medusa examples build engines with
+
+
+def export_warnings(choices: Sequence[Sequence[int]], target: str) -> list[str]:
+    """What of this tree will not survive in `target`'s engine (docs/tree-format.md, "Exports"); the
+    export still happens, these are warnings.
+
+    >>> export_warnings([[0], [2]], "trtllm")[0][:60]
+    "depth-1 ranks [0, 2] are not 0..1: TensorRT-LLM's older Pyth"
+    """
+    paths = validate(choices, topk=MAX_TOPK)
+    out = []
+    if target == "trtllm":
+        first = sorted(p[0] for p in paths if len(p) == 1)
+        if first != list(range(len(first))):
+            out.append(f"depth-1 ranks {first} are not 0..{len(first) - 1}: TensorRT-LLM's older Python-session "
+                       "Medusa parser corrupts such trees")
+        if len(paths) > TRTLLM_MAX_DRAFT_LEN:
+            out.append(f"{len(paths)} nodes: an engine built with max_draft_len {TRTLLM_MAX_DRAFT_LEN} (TensorRT-LLM's "
+                       f"Medusa examples) takes at most {TRTLLM_MAX_DRAFT_LEN}; build with --max_draft_len {len(paths)}")
+    elif target == "vllm":
+        chain = [tuple([0] * d) for d in range(1, depth(paths) + 1)]
+        if paths != chain:
+            out.append(f"vLLM's Medusa proposer reads no tree: it drafts each head's top-1, a chain of num_heads "
+                       f"tokens, whatever these {len(paths)} nodes say; speculative_token_tree is read by its EAGLE "
+                       f"tree proposer (with num_speculative_tokens {len(paths)})")
+    return out
+
+
 def from_counts(counts: Sequence[int]) -> list[list[int]]:
-    """Old Medusa format: `[1, 7, 6]` = the full product tree with that many ranks per depth."""
+    """Medusa 0.1's tree format: a count per level, the root's first, every product path kept.
+    `[1, 7, 6]` is the root, head 0's top 7 under it and head 1's top 6 under each of those:
+    7 + 42 = 49 nodes of depth 2 (as Medusa 0.1 builds it; the root is the base model's own token,
+    so its count is always 1)."""
     if not counts or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts):
-        raise TreeError(f"per-head counts {list(counts)!r}: need a non-empty list of positive integers")
+        raise TreeError(f"per-level counts {list(counts)!r}: need a non-empty list of positive integers")
+    if counts[0] != 1:
+        raise TreeError(f"per-level counts {list(counts)!r}: the first count is the root's (the base model's "
+                        "own token) and must be 1")
+    if len(counts) == 1:
+        raise TreeError("per-level counts [1]: only the root; give at least one head's count")
     level: list[tuple[int, ...]] = [()]
     out: list[tuple[int, ...]] = []
-    for c in counts:
+    for c in counts[1:]:
         level = [p + (r,) for p in level for r in range(c)]
         out.extend(level)
-    return as_lists(validate(out, topk=max(max(counts), 1)))
+    return as_lists(validate(out, topk=max(counts)))

@@ -47,10 +47,19 @@ def best_tree_independent(acc: Sequence[Sequence[float]], nodes: int, max_depth:
     return _best_first(lambda p: path_probability(p, acc), nodes, topk, depth)
 
 
-def _vectors(runs: Sequence[Run] | Sequence[RankVector]) -> list[RankVector]:
-    if runs and isinstance(runs[0], Run):
-        return [v for r in runs for v in r.vectors]
-    return list(runs)
+def _vectors(runs: Sequence[Run] | Sequence[Sequence[RankVector]] | Sequence[RankVector]) -> list[RankVector]:
+    """Every rank vector of Runs, of runs given as lists of rank vectors (what `Replay` takes), or of
+    one flat list of rank vectors. A rank vector holds ranks or None, a run holds lists: the first
+    entry says which (an empty one adds no prefix either way)."""
+    out: list[RankVector] = []
+    for r in runs:
+        if isinstance(r, Run):
+            out.extend(r.vectors)
+        elif r and isinstance(r[0], list):
+            out.extend(r)
+        else:
+            out.append(r)
+    return out
 
 
 def prefix_frequencies(vectors: Sequence[RankVector]) -> Counter:

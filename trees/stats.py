@@ -2,8 +2,9 @@
 
 A trace file holds runs: a header line, then one line per step (docs/trace-schema.md). Each line is
 checked as it is read, and a bad one is an error naming the file and line. A `Run` keeps only what
-the estimators read: per step the committed tokens, each head's top-k token ids, the accepted node
-count, and (Medusa runs) the acceptance rule's per-node probabilities.
+the estimators read: per step the committed tokens, each head's top-k token ids and probabilities
+(the dynamic-tree replay builds each step's tree from them), the accepted node count, and (Medusa
+runs) the acceptance rule's per-node probabilities.
 
 The key quantity per AR step is its rank vector: for head k, the rank at which the token that
 really came next (k+1 places after the step's root) sat in head k's top-k, or None. Under greedy
@@ -35,9 +36,11 @@ class Run:
     header: dict = field(default_factory=dict)
     tokens: list[list[int]] = field(default_factory=list)  # committed per step
     head_tokens: list[list[list[int]]] = field(default_factory=list)  # per step, per head: top-k ids
+    head_probs: list[list[list[float | None]]] = field(default_factory=list)  # per step, per head: their probabilities
     accepted: list[int] = field(default_factory=list)  # accepted tree nodes per step (root included)
     accept_prob: list[list[float | None]] = field(default_factory=list)  # per step, per node (when recorded)
     tree: list[list[int]] | None = None  # the tree the run decoded with (Medusa runs)
+    request: int = 0  # its index in a batched run (the header's per-request lists)
     _vectors: list[RankVector] | None = None
 
     @property
@@ -65,9 +68,10 @@ class Run:
 
     def add_step(self, step: dict) -> None:
         """Append one step-trace dict (checked: TraceError names what is wrong)."""
-        tokens, head_tokens, accepted, probs, tree = _step(step)
+        tokens, head_tokens, head_probs, accepted, probs, tree = _step(step)
         self.tokens.append(tokens)
         self.head_tokens.append(head_tokens)
+        self.head_probs.append(head_probs)
         self.accepted.append(accepted)
         if probs is not None:
             self.accept_prob.append(probs)
@@ -82,7 +86,11 @@ def _ints(x: object, what: str) -> list[int]:
     return x
 
 
-def _step(obj: dict) -> tuple[list[int], list[list[int]], int, list | None, list | None]:
+def _probability(p: object) -> bool:
+    return isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p <= 1
+
+
+def _step(obj: dict) -> tuple[list[int], list[list[int]], list[list[float | None]], int, list | None, list | None]:
     """Check one step record and keep what the estimators read."""
     tokens = _ints(obj.get("accepted_tokens"), "'accepted_tokens'")
     nodes = obj.get("accepted_nodes", [0] * max(1, len(tokens)))
@@ -90,19 +98,21 @@ def _step(obj: dict) -> tuple[list[int], list[list[int]], int, list | None, list
     heads = obj.get("head_topk") or []
     if not isinstance(heads, list) or len(heads) > MAX_DEPTH:
         raise TraceError("'head_topk' must be a list of at most one list per head")
-    head_tokens = []
+    head_tokens, head_probs = [], []
     for h in heads:
         if not isinstance(h, list) or not all(isinstance(c, dict) and isinstance(c.get("token"), int) for c in h):
             raise TraceError("'head_topk' entries must be lists of {'token': int, ...}")
+        if not all(c.get("prob") is None or _probability(c["prob"]) for c in h):
+            raise TraceError("'head_topk' probabilities must be numbers in [0, 1]")
         head_tokens.append([c["token"] for c in h])
+        head_probs.append([c.get("prob") for c in h])
     probs = obj.get("accept_prob")
-    if probs is not None and (not isinstance(probs, list) or
-                              not all(p is None or (isinstance(p, (int, float)) and 0 <= p <= 1) for p in probs)):
+    if probs is not None and (not isinstance(probs, list) or not all(p is None or _probability(p) for p in probs)):
         raise TraceError("'accept_prob' must be a list of probabilities (null for the root)")
     tree = obj.get("tree")
     if tree is not None and not (isinstance(tree, list) and all(isinstance(p, list) for p in tree)):
         raise TraceError("'tree' must be a list of paths")
-    return tokens, head_tokens, len(nodes), probs, tree
+    return tokens, head_tokens, head_probs, len(nodes), probs, tree
 
 
 def iter_trace_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
@@ -151,7 +161,7 @@ def read_runs(path: str | os.PathLike) -> list[Run]:
             raise TraceError(f"{path}:{n}: 'request' must be an integer")
         run = by_request.get(req)
         if run is None or obj.get("step") == 0 and run.tokens:
-            run = by_request[req] = Run(header=header)
+            run = by_request[req] = Run(header=header, request=req)
             runs.append(run)
         try:
             run.add_step(obj)
