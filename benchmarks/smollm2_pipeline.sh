@@ -72,6 +72,7 @@ curve)
   ;;
 trees)
   H=${HEADS:-$R/heads_l1/medusa_heads.safetensors}
+  rm -f "$R/traces_sharegpt.jsonl"  # collect-traces refuses to append to an earlier attempt's file
   step traces-sharegpt python3 -m engine collect-traces $M --heads "$H" --prompts-file "$DATA/sharegpt_heldout.jsonl" \
       --prompts "$TRACE_PROMPTS" --max-new-tokens "$TOKENS" --batch 16 --out "$R/traces_sharegpt.jsonl"
   for n in 12 32 64; do
@@ -85,6 +86,7 @@ measure)
   H=${HEADS:-$R/heads_l1/medusa_heads.safetensors}
   for h in $R/heads_*/medusa_heads.safetensors; do  # every heads file: MT-Bench AR traces, replayed per tree
     name=$(basename "$(dirname "$h")")
+    rm -f "$R/mtbench_traces_$name.jsonl"
     step "traces-mtbench-$name" python3 -m engine collect-traces $M --heads "$h" --prompts-file "$DATA/mtbench.jsonl" \
         --prompts "$MTBENCH_PROMPTS" --max-new-tokens "$TOKENS" --batch 16 --out "$R/mtbench_traces_$name.jsonl"
     for t in mc_sim_7b_63 "$R/tree_12.json" "$R/tree_32.json" "$R/tree_64.json"; do

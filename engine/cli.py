@@ -99,6 +99,8 @@ def _collect(a) -> int:
     from .prompts import prompt_set
 
     output_path(a.trace_file)
+    if not a.append and os.path.exists(a.trace_file) and os.path.getsize(a.trace_file) > 0:
+        raise ValueError(f"{a.trace_file}: already holds traces; pass --append to add to it, or choose a new file")
     prompts = prompt_set(a.prompts_file, a.prompts, a.offset, a.default_prompts)
     eng = load_from_arguments(a)
     cfg = config_from_arguments(a)
@@ -242,23 +244,24 @@ def _inspect(a) -> int:
     info = inspect(a.path, a.model)
     if a.json:
         print(json.dumps(info))
-        return 1 if info.get("mismatch") else 0
-    for section in ("base", "heads"):
+        return 1 if info.get("mismatch") or info.get("heads_folder", {}).get("disagrees") else 0
+    for section in ("heads_folder", "base", "heads"):
         if info.get(section):
             print(f"{section}:")
             for k, v in info[section].items():
                 print(f"  {k}: {v}")
-    for problem in info.get("mismatch", []):
+    problems = info.get("mismatch", []) + info.get("heads_folder", {}).get("disagrees", [])
+    for problem in problems:
         print(f"mismatch: {problem}")
     if info.get("note"):
         print(info["note"])
-    return 1 if info.get("mismatch") else 0
+    return 1 if problems else 0
 
 
 def _convert(a) -> int:
     from .convert import convert
 
-    if a.to != "medusa2":  # medusa2 writes a model directory; every other target one file
+    if a.to not in ("medusa2", "vllm"):  # these two write a folder; every other target one file
         output_path(a.out)
     print(json.dumps(convert(a.src, a.to, a.out, model=a.model, dtype=a.dtype, allow_lossy=a.allow_lossy, tp=a.tp,
                              data=a.data)))
@@ -284,7 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(k)
     add_prompt_set_arguments(k)
     add_generation_arguments(k, exclude=("trace_file",), mode="ar")
-    k.add_argument("--out", dest="trace_file", required=True, metavar="FILE.jsonl", help="where the traces go (appended)")
+    k.add_argument("--out", dest="trace_file", required=True, metavar="FILE.jsonl", help="where the traces go (a new file)")
+    k.add_argument("--append", action="store_true", help="add to an existing trace file (refused without it: a second "
+                   "collection into the same file would mix two runs' prompts and settings in every statistic)")
     k.add_argument("--batch", type=positive_int, default=1, help="prompts decoded together (each keeps its own trace)")
     k.set_defaults(fn=_collect)
 
@@ -409,7 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("src")
     v.add_argument("--to", required=True, choices=TARGETS)
     v.add_argument("--out", required=True)
-    v.add_argument("--model", default=None, help="base model (needed to add or drop projections, and for medusa2)")
+    v.add_argument("--model", default=None,
+                   help="base model (to add or drop projections; for medusa2; for vllm when the heads share its lm_head)")
     v.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
     v.add_argument("--allow-lossy", action="store_true")
     v.add_argument("--data", default=None, help="held-out data: report top-1 before/after a lossy conversion")

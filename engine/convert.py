@@ -3,12 +3,14 @@
 Formats: `faster-decoding` (FasterDecoding Medusa-1 keys with each head's own projection, as
 `.safetensors`), `safetensors` (the source's own layout, re-saved as safetensors), `shared-lm-head`
 (ResBlocks only: our `medusa_heads.safetensors`), `medusa2` (a model directory whose state dict holds
-the base weights and `medusa_head.*`). Dropping private projections is lossy and refused unless
-allowed; adding them (copies of the base lm_head) is exact.
+the base weights and `medusa_head.*`), `vllm` (a draft-model folder for vLLM's Medusa proposer:
+its module names and config, vllm/model_executor/models/medusa.py). Dropping private projections is
+lossy and refused unless allowed; adding them (copies of the base lm_head) is exact.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -17,9 +19,9 @@ from safetensors.torch import save_file
 
 from .config import ModelArgs, ModelLoadError
 from .heads import MedusaHeads, detect_layout, validate_heads
-from .loading import HEAD_FILES, base_weight_files, find_heads, read_config, read_state_dict, resolve_model_dir
+from .loading import HEAD_FILES, base_weight_files, find_heads, read_config, read_heads_folder, read_state_dict, resolve_model_dir
 
-TARGETS = ("faster-decoding", "safetensors", "shared-lm-head", "medusa2")
+TARGETS = ("faster-decoding", "safetensors", "shared-lm-head", "medusa2", "vllm")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -51,7 +53,18 @@ def inspect(path: str | Path, model: str | Path | None = None) -> dict:
     p = Path(path)
     info: dict = {"path": str(p)}
     base_dir = None
-    if p.is_dir() and (p / "config.json").exists():
+    folder = read_heads_folder(p)
+    if folder is not None:  # official heads: say what they are, and look for the base they name
+        info["heads_folder"] = {"what": folder.describe(), "medusa_num_heads": folder.num_heads,
+                                "medusa_num_layers": folder.num_layers, "base_model_name_or_path": folder.base,
+                                "base_here": None}
+        if model is None:
+            try:
+                base_dir = folder.base_dir()
+                info["heads_folder"]["base_here"] = str(base_dir)
+            except ModelLoadError as e:
+                info["note"] = str(e)
+    elif p.is_dir() and (p / "config.json").exists():
         base_dir = p
     if model is not None:
         base_dir = resolve_model_dir(model)
@@ -78,6 +91,10 @@ def inspect(path: str | Path, model: str | Path | None = None) -> dict:
     shared_read = 0
     if layout.shared_lm_head and base_dir is not None:
         shared_read = info["base"]["vocab_size"] * info["base"]["hidden_size"] * elt  # one batched GEMM reads lm_head once
+    if folder is not None:
+        stated = {"medusa_num_heads": (folder.num_heads, layout.num_heads), "medusa_num_layers": (folder.num_layers, layout.num_layers)}
+        info["heads_folder"]["disagrees"] = [f"config.json says {k} {a}, {folder.heads_file.name} holds {b}"
+                                             for k, (a, b) in stated.items() if a is not None and a != b]
     info["heads"] = {"source": where, "format": "medusa2" if inside is not None else layout.format,
                      "num_heads": layout.num_heads, "resblocks_per_head": layout.num_layers,
                      "shares_base_lm_head": layout.shared_lm_head, "hidden_size": dim,
@@ -180,6 +197,14 @@ def convert(src: str | Path, to: str, out: str | Path, model: str | Path | None 
                 shutil.copy(f, out / f.name)
         report["out"] = [str(out)]
         return report
+    if to == "vllm":
+        if tp > 1:
+            raise ValueError("vllm: write one folder (--tp 1); vLLM shards the heads itself when it loads them")
+        lm_head = _lm_head(model_dir) if layout.shared_lm_head and model_dir is not None else None
+        if layout.shared_lm_head and lm_head is None:
+            raise ValueError("these heads share the base lm_head, which a vLLM draft folder must hold: pass --model DIR")
+        report["out"] = [str(write_vllm(sd, L, layout.num_heads, out, lm_head))]
+        return report
     if tp > 1:
         paths = []
         for r, shard in enumerate(tp_shards(sd, L, tp)):
@@ -191,6 +216,42 @@ def convert(src: str | Path, to: str, out: str | Path, model: str | Path | None 
     save_file({k: v.contiguous() for k, v in sd.items()}, str(out), metadata=meta)
     report["out"] = [str(out)]
     return report
+
+
+def vllm_names(sd: dict[str, torch.Tensor], num_layers: int, num_heads: int,
+               lm_head: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Our heads under vLLM's Medusa module names: head h's ResBlock l is `blocks.{h}.layers.{l}`
+    (nn.Linear, bias present when the config sets medusa_fc_bias), its projection `lm_heads.{h}`; heads
+    that share the base lm_head become one `lm_head` (config original_lm_head). vLLM's loader skips
+    names it does not know without a word, so these must match its module exactly."""
+    out: dict[str, torch.Tensor] = {}
+    for h in range(num_heads):
+        for layer in range(num_layers):
+            out[f"blocks.{h}.layers.{layer}.weight"] = sd[f"{h}.{layer}.linear.weight"]
+            out[f"blocks.{h}.layers.{layer}.bias"] = sd[f"{h}.{layer}.linear.bias"]
+        if lm_head is None:
+            out[f"lm_heads.{h}.weight"] = sd[f"{h}.{num_layers}.weight"]
+    if lm_head is not None:
+        out["lm_head.weight"] = lm_head.to(next(iter(sd.values())).dtype)
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def write_vllm(sd: dict[str, torch.Tensor], num_layers: int, num_heads: int, out: Path,
+               lm_head: torch.Tensor | None) -> Path:
+    """A folder vLLM loads as a Medusa draft model (`speculative_config={"model": out, "method": "medusa"}`):
+    model.safetensors under vllm_names, and config.json with the fields of vLLM's MedusaConfig
+    (vllm/transformers_utils/configs/medusa.py)."""
+    tensors = vllm_names(sd, num_layers, num_heads, lm_head)
+    dim = tensors["blocks.0.layers.0.weight"].shape[1]
+    vocab = (lm_head if lm_head is not None else tensors["lm_heads.0.weight"]).shape[0]
+    config = {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": dim, "vocab_size": vocab,
+              "num_heads": num_heads, "num_hidden_layers": num_layers, "medusa_fc_bias": True,
+              "original_lm_head": lm_head is not None, "truncated_vocab_size": vocab, "max_paths": 64, "topk": 10,
+              "torch_dtype": str(tensors["blocks.0.layers.0.weight"].dtype).removeprefix("torch.")}
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
 
 
 def _top1(sd: dict[str, torch.Tensor], model_dir: Path, data: str) -> list[float]:

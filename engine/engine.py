@@ -21,6 +21,7 @@ from .heads import MedusaHeads
 from .loading import (
     TREE_FILE,
     check_backend,
+    check_heads_folder,
     default_backend,
     find_heads,
     generation_eos,
@@ -28,13 +29,14 @@ from .loading import (
     load_base,
     load_heads,
     load_tokenizer,
+    read_heads_folder,
     resolve_model_dir,
 )
 from .model import Transformer
 from .sampling import SamplingParams
 from .session import EagerRunner, GraphRunner, Request, Session
 from .tp import SINGLE, TP
-from .trace import StepEvent, TraceContext, TraceWriter, header
+from .trace import StepEvent, TraceContext, TraceWriter, header, prompt_hash
 
 CACHE_GRANULE = 256  # KV cache capacity is rounded up to this, so similar requests reuse one cache (and its graphs)
 
@@ -261,8 +263,14 @@ class Engine:
         if cfg.traced:
             writer = TraceWriter(cfg.trace_file) if cfg.trace_file else None
             if writer:
+                one = len(batch) == 1  # a batched header lists one value per request
                 extra = {"temperature": params.temperature,
-                         "prompt_tokens": [len(i) for i in batch] if len(batch) > 1 else len(batch[0])}
+                         "prompt_tokens": len(batch[0]) if one else [len(i) for i in batch],
+                         "prompt_ids": list(batch[0]) if one else [list(i) for i in batch],
+                         "prompt_sha256": prompt_hash(batch[0]) if one else [prompt_hash(i) for i in batch],
+                         "max_new_tokens": cfg.max_new_tokens, "stop_on_eos": cfg.stop_on_eos, "seed": cfg.seed,
+                         "dtype": str(self.model.embed_tokens.weight.dtype).removeprefix("torch."),
+                         "device": str(self.device), "backend": self.model.backend}
                 writer.write(header(self.name, self.heads_source, choices, cfg.mode, cfg.accept, extra))
             parent = buf.parent.tolist() if buf is not None else [-1]
             trace = TraceContext(choices or [], parent, self.token_text, batched=len(batch) > 1)
@@ -363,7 +371,9 @@ def load(
 ) -> Engine:
     """Load a local Llama-family model and its Medusa heads.
 
-    model: a directory, `demo`, or `smollm2` (after `python -m engine fetch smollm2`).
+    model: a directory, `demo`, or `smollm2` (after `python -m engine fetch smollm2`), or an official
+    Medusa heads folder (config.json with the Medusa fields + medusa_lm_head.pt), whose
+    base_model_name_or_path must then be here (a folder, a named model or the local HF cache).
     heads=None finds them beside the model (medusa_heads.safetensors, medusa_lm_head.*, or
     `medusa_head.*` keys in a Medusa-2 checkpoint; for a named model, in the repo's folder for it);
     heads=False loads none; a path loads that file. A `medusa_choices.json` tree file beside the heads
@@ -381,12 +391,17 @@ def load(
     graphs = dev.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
     if graphs and dev.type != "cuda":
         raise ModelLoadError("cuda_graphs needs a CUDA device")
-    model_dir = resolve_model_dir(model)
+    folder = read_heads_folder(model)  # an official heads folder: its base model, then its heads
+    model_dir = folder.base_dir() if folder is not None else resolve_model_dir(model)
+    if folder is not None and heads is None:
+        heads = folder.path
     base, medusa_sd, _ = load_base(model_dir, dev, dt, tp, backend=backend, fused=graphs, skinny_gemm=skinny_gemm)
     medusa, source, tree_dir = None, None, None
     if heads is not False:
         if heads is not None and heads is not True:
             medusa = load_heads(heads, base.args, dev, dt, tp=tp)
+            if (heads_folder := read_heads_folder(heads) if not isinstance(heads, dict) else None) is not None:
+                check_heads_folder(heads_folder, medusa)
             source = str(heads) if not isinstance(heads, dict) else "<state dict>"
             tree_dir = None if isinstance(heads, dict) else Path(heads) if Path(heads).is_dir() else Path(heads).parent
         elif medusa_sd:

@@ -90,6 +90,72 @@ def resolve_model_dir(model: str | os.PathLike) -> Path:
     raise ModelLoadError(f"{path}: no such model directory")
 
 
+@dataclass(frozen=True)
+class HeadsFolder:
+    """FasterDecoding's published heads layout (the `medusa-vicuna-7b-v1.3` repos): a `config.json`
+    holding only the Medusa fields beside `medusa_lm_head.pt` (or `.safetensors`). It is not a model:
+    its config names the base model (`base_model_name_or_path`), which lives elsewhere."""
+
+    path: Path
+    heads_file: Path
+    num_heads: int | None  # medusa_num_heads, as the config states it
+    num_layers: int | None  # medusa_num_layers
+    base: str | None  # base_model_name_or_path
+
+    def describe(self) -> str:
+        return f"a Medusa heads folder ({self.num_heads} heads, {self.num_layers} ResBlock each) for base model {self.base!r}"
+
+    def base_dir(self) -> Path:
+        """The base model it names, if it is here: a named model, a local folder or the local
+        Hugging Face cache (never downloads)."""
+        if not self.base:
+            raise ModelLoadError(f"{self.path}: {self.describe()} names no base model; pass --model BASE_DIR --heads {self.path}")
+        try:
+            return resolve_model_dir(self.base)
+        except ModelLoadError as e:
+            raise ModelLoadError(f"{self.path}: {self.describe()}, which is not here ({e}); "
+                                 f"pass --model BASE_DIR --heads {self.path}") from None
+
+
+def read_heads_folder(path: str | os.PathLike) -> HeadsFolder | None:
+    """The folder as a HeadsFolder, or None when it is not one (a model folder, a file, a name)."""
+    p = Path(path).expanduser()
+    if str(path) in NAMED_MODELS or not (p / "config.json").is_file():
+        return None
+    try:
+        cfg = trees.read_json_file(p / "config.json")
+    except trees.JsonInputError as e:
+        raise ModelLoadError(f"cannot read the model config: {e}") from None
+    if not isinstance(cfg, dict) or "medusa_num_heads" not in cfg or cfg.get("model_type"):
+        return None  # a model's own config (a Medusa-2 checkpoint keeps the Medusa fields beside model_type)
+    heads_file = find_heads(p)
+    if heads_file is None:
+        raise ModelLoadError(f"{p}: config.json has the Medusa fields of a heads folder, but there is no heads file "
+                             f"({', '.join(HEAD_FILES)})")
+
+    def count(key: str) -> int | None:
+        v = cfg.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ModelLoadError(f"{p / 'config.json'}: {key} must be a positive integer, got {v!r}")
+        return v
+
+    base = cfg.get("base_model_name_or_path")
+    if base is not None and not isinstance(base, str):
+        raise ModelLoadError(f"{p / 'config.json'}: base_model_name_or_path must be a string, got {base!r}")
+    return HeadsFolder(p, heads_file, count("medusa_num_heads"), count("medusa_num_layers"), base)
+
+
+def check_heads_folder(folder: HeadsFolder, heads: MedusaHeads) -> None:
+    """The heads file holds what the folder's config says (the reference builds its heads from the
+    config, so a disagreement would load differently there)."""
+    for key, stated, found in (("medusa_num_heads", folder.num_heads, heads.num_heads),
+                               ("medusa_num_layers", folder.num_layers, heads.num_layers)):
+        if stated is not None and stated != found:
+            raise ModelLoadError(f"{folder.path}: config.json says {key} {stated}, {folder.heads_file.name} holds {found}")
+
+
 def read_config(model_dir: Path) -> ModelArgs:
     path = model_dir / "config.json"
     try:

@@ -11,10 +11,11 @@ draws from it. The writer flushes every line, so a killed run keeps every step i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import IO
@@ -93,6 +94,12 @@ class StepEvent:
         if run.batched:
             rec["request"] = self.request
         return rec
+
+
+def prompt_hash(ids: Sequence[int]) -> str:
+    """sha256 of a prompt's token ids (comma-joined decimals): the key that pairs two trees' runs of
+    the same prompt across trace files (trees.compare.pair_measured)."""
+    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()
 
 
 def header(model: str, heads: str | None, tree: list[list[int]] | None, mode: str, accept: str, extra: dict) -> dict:

@@ -118,3 +118,86 @@ def test_inspect(base, tmp_path, capsys, llama_dir):
     assert inspect(src["shared-lm-head"], model=base)["heads"]["format"] == "shared-lm-head"
     assert main(["convert-heads", str(wrong), "--to", "shared-lm-head", "--out", str(tmp_path / "z.safetensors")]) == 2
     assert "refusing a lossy conversion" in capsys.readouterr().err
+
+
+def official_heads_folder(path, base_name, num_heads: int = 3, num_layers: int = 1, stated_heads: int | None = None):
+    """FasterDecoding's published layout, as the medusa-vicuna-7b-v1.3 repos have it: a config.json with
+    only the Medusa fields beside medusa_lm_head.pt (each head with its own projection)."""
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = {"medusa_num_heads": stated_heads or num_heads, "medusa_num_layers": num_layers,
+           "base_model_name_or_path": str(base_name), "transformers_version": "4.34.1"}
+    (path / "config.json").write_text(json.dumps(cfg))
+    torch.save(random_heads_sd(num_heads=num_heads, num_layers=num_layers), path / "medusa_lm_head.pt")
+    return path
+
+
+def test_official_heads_folder_is_inspected_and_decodes(base, tmp_path, capsys):
+    folder = official_heads_folder(tmp_path / "medusa-heads", base)
+    info = inspect(folder)
+    assert info["heads_folder"]["base_model_name_or_path"] == str(base) and info["heads_folder"]["base_here"] == str(base)
+    assert info["heads_folder"]["disagrees"] == [] and info["mismatch"] == []
+    assert info["heads"]["num_heads"] == 3 and info["heads"]["format"] == "faster-decoding"
+    assert info["base"]["dir"] == str(base)
+    # --model on the folder: its base with its heads; the same tokens as naming both
+    via_folder = engine.load(folder, device="cpu")
+    assert via_folder.heads is not None and via_folder.heads.num_heads == 3
+    both = engine.load(base, heads=folder / "medusa_lm_head.pt", device="cpu")
+    a = via_folder.generate([1, 2, 3], 16, mode="medusa", tree="chain_3")
+    b = both.generate([1, 2, 3], 16, mode="medusa", tree="chain_3")
+    assert a.token_ids == b.token_ids and a.steps == b.steps
+    assert a.token_ids == both.generate([1, 2, 3], 16, mode="ar").token_ids  # greedy Medusa: plain greedy's tokens
+    # a base that is not here: one line naming it and what to pass instead
+    away = official_heads_folder(tmp_path / "away", "lmsys/vicuna-7b-v1.3")
+    assert main(["inspect", str(away)]) == 0
+    out = capsys.readouterr().out
+    assert "for base model 'lmsys/vicuna-7b-v1.3'" in out and "pass --model BASE_DIR --heads" in out
+    assert main(["generate", "--model", str(away), "--prompt-ids", "1,2", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "lmsys/vicuna-7b-v1.3" in err
+    # the config and the file disagree: inspect says so, load refuses
+    liar = official_heads_folder(tmp_path / "liar", base, stated_heads=5)
+    assert main(["inspect", str(liar)]) == 1
+    assert "config.json says medusa_num_heads 5, medusa_lm_head.pt holds 3" in capsys.readouterr().out
+    with pytest.raises(engine.ModelLoadError, match="medusa_num_heads 5"):
+        engine.load(liar, device="cpu")
+
+
+# vLLM's Medusa draft module, vllm/model_executor/models/medusa.py (vllm-project/vllm @ 01dbb08):
+#   self.blocks = nn.ModuleList([ResidualBlock(...) for _ in range(num_heads)])
+#   ResidualBlock: self.layers = nn.ModuleList([nn.Linear(hidden, hidden, bias=getattr(config, "medusa_fc_bias", False))
+#                                               for _ in range(num_layers)])
+#   self.lm_heads = nn.ModuleList([ParallelLMHead(vocab, hidden) for _ in range(num_heads)])
+#   (or, with config.original_lm_head, one self.lm_head shared by every head)
+def vllm_module_names(num_heads: int, num_layers: int, dim: int, vocab: int, original_lm_head: bool) -> dict:
+    names = {}
+    for h in range(num_heads):
+        for layer in range(num_layers):
+            names[f"blocks.{h}.layers.{layer}.weight"] = (dim, dim)
+            names[f"blocks.{h}.layers.{layer}.bias"] = (dim,)
+        if not original_lm_head:
+            names[f"lm_heads.{h}.weight"] = (vocab, dim)
+    if original_lm_head:
+        names["lm_head.weight"] = (vocab, dim)
+    return names
+
+
+def test_convert_to_vllm_has_exactly_vllms_names_and_shapes(base, tmp_path, capsys):
+    src = sources(base, tmp_path)
+    lm = load_file(str(base / "model.safetensors"))["lm_head.weight"]
+    for name, shared in (("faster-decoding", False), ("shared-lm-head", True)):
+        out = tmp_path / f"vllm-{name}"
+        assert main(["convert-heads", str(src[name]), "--to", "vllm", "--out", str(out), "--model", str(base)]) == 0
+        sd = load_file(str(out / "model.safetensors"))
+        assert {k: tuple(v.shape) for k, v in sd.items()} == vllm_module_names(3, 1, 64, VOCAB, original_lm_head=shared)
+        cfg = json.loads((out / "config.json").read_text())
+        assert (cfg["model_type"], cfg["num_heads"], cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]) == \
+            ("medusa", 3, 1, 64, VOCAB)
+        assert cfg["medusa_fc_bias"] is True and cfg["original_lm_head"] is shared  # without the flag vLLM drops the biases
+        ours = load_file(str(src["faster-decoding"]))
+        for h in range(3):
+            assert torch.equal(sd[f"blocks.{h}.layers.0.weight"], ours[f"{h}.0.linear.weight"])
+            assert torch.equal(sd[f"blocks.{h}.layers.0.bias"], ours[f"{h}.0.linear.bias"])
+            assert torch.equal(sd.get(f"lm_heads.{h}.weight", sd.get("lm_head.weight")), lm)
+    capsys.readouterr()
+    assert main(["convert-heads", str(src["shared-lm-head"]), "--to", "vllm", "--out", str(tmp_path / "v")]) == 2
+    assert "pass --model DIR" in capsys.readouterr().err

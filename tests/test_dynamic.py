@@ -9,6 +9,7 @@ import torch
 from conftest import ar_run, random_ar_runs, write_ar_trace
 
 import trees
+from engine.trace import prompt_hash
 from trees.__main__ import main
 from trees.dynamic import PRIOR_WEIGHT
 
@@ -181,3 +182,25 @@ def test_measured_runs_pair_by_prompt_hash():
     assert trees.pair_measured(a, b) == ([(8, 4), (9, 3)], [(8, 2), (9, 3)])
     with pytest.raises(ValueError, match="carry no prompt hash"):
         trees.pair_measured(a, [trees.Run(header={"mode": "medusa"}, tokens=[[1]])])
+
+
+def test_engine_headers_pair_two_trees_runs_of_the_same_prompts(demo_engine, tmp_path):
+    """Real trace files of two trees on the same prompts (one solo, one batched) carry the run's
+    settings and a prompt hash per request, and pair_measured matches them prompt by prompt."""
+    prompts = ["def add(a, b):", "import os\n"]
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    for p in prompts:
+        demo_engine.generate(p, 12, mode="medusa", tree="chain_1", trace_file=str(a))
+    demo_engine.generate(prompts[::-1], 12, mode="medusa", tree="demo_tuned", trace_file=str(b), stop_on_eos=False)
+    head_a = json.loads(a.read_text().splitlines()[0])
+    head_b = json.loads(b.read_text().splitlines()[0])
+    ids = [demo_engine.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    assert head_a["prompt_ids"] == ids[0] and head_a["prompt_sha256"] == prompt_hash(ids[0])
+    assert head_b["prompt_ids"] == ids[::-1] and head_b["prompt_sha256"] == [prompt_hash(i) for i in ids[::-1]]
+    assert (head_a["max_new_tokens"], head_a["stop_on_eos"], head_b["stop_on_eos"]) == (12, True, False)
+    assert head_a["dtype"] == "float32" and head_a["device"] == "cpu" and head_a["backend"] == "sdpa"
+    runs_a, runs_b = trees.read_runs(a), trees.read_runs(b)
+    pa, pb = trees.pair_measured(runs_a, runs_b)
+    assert len(pa) == 2
+    by_prompt_b = {prompt_hash(ids[1 - r.request]): (r.n_tokens, r.n_steps) for r in runs_b}
+    assert pb == [by_prompt_b[prompt_hash(i)] for i in ids]

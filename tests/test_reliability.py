@@ -72,6 +72,7 @@ def corpus(tmp_path_factory):
                 (m / f.name).symlink_to(f)
     os.mkfifo(d / "fifo.json")
     (d / "a_dir").mkdir()
+    (d / "earlier_traces.jsonl").write_text('{"type": "header", "mode": "ar"}\n')
     return d
 
 
@@ -118,6 +119,7 @@ def bad_cases(d):
         ("engine", ["generate", "--prompt", "x", "--trace", str(d / "a_dir"), "--device", "cpu"], "is a directory"),
         ("engine", ["collect-traces", "--out", str(d / "a_dir"), "--device", "cpu"], "is a directory"),
         ("engine", ["collect-traces", "--out", str(d / "c.jsonl"), "--prompts", "-1"], "integer >= 0"),
+        ("engine", ["collect-traces", "--out", str(d / "earlier_traces.jsonl"), "--device", "cpu"], "pass --append"),
         ("engine", ["collect-traces", "--out", str(d / "c.jsonl"), "--prompts", "0", "--device", "cpu"], "at least 1"),
         ("engine", ["convert-heads", str(d / "model"), "--to", "safetensors", "--out", str(d / "a_dir")], "is a directory"),
         ("engine", ["convert-heads", "x", "--to", "safetensors", "--out", "y", "--tp", "0"], "positive integer"),
