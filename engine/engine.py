@@ -114,6 +114,8 @@ class Engine:
 
     # -- text ----------------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
+        if not isinstance(prompt, (str, list, tuple)):
+            raise GenerationError(f"a prompt is text (str) or a list of token ids, not {type(prompt).__name__}")
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise GenerationError("this model has no tokenizer: pass token ids")
@@ -122,8 +124,12 @@ class Engine:
             except UnicodeEncodeError:
                 raise GenerationError("the prompt is not valid Unicode text (it holds a lone surrogate)") from None
             if chat and getattr(self.tokenizer, "chat_template", None):
-                ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                         add_generation_prompt=True, tokenize=True)
+                try:
+                    ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                             add_generation_prompt=True, tokenize=True)
+                except Exception as e:  # the template is the model folder's own Jinja code: it may not parse or may raise
+                    raise GenerationError(f"--chat: the tokenizer's chat template failed ({type(e).__name__}: "
+                                          f"{' '.join(str(e).split())[:200]})") from None
                 ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
             elif chat:
                 raise GenerationError("--chat: this tokenizer has no chat template")
@@ -220,6 +226,11 @@ class Engine:
             runner = EagerRunner(self.model, heads, buf, cfg.accept, params, gen, trace_topk)
         tracer = None
         if cfg.traced:
+            if cfg.trace_file:
+                try:  # a FIFO would block the writer's open; a device is never written to
+                    trees.check_output_file(cfg.trace_file)
+                except trees.OutputPathError as e:
+                    raise GenerationError(str(e)) from None
             writer = TraceWriter(cfg.trace_file) if cfg.trace_file else None
             if writer:
                 extra = {"temperature": params.temperature,

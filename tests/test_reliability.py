@@ -13,7 +13,7 @@ import torch
 from conftest import make_hf_model, random_heads_sd
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 import engine
 import trees
@@ -70,9 +70,59 @@ def corpus(tmp_path_factory):
         for f in (d / "model").iterdir():
             if f.name != "config.json":
                 (m / f.name).symlink_to(f)
-    os.mkfifo(d / "fifo.json")
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64, "rope_theta": 1e4}
+    for name, change in (("cfg_llama3_null", {"rope_parameters": {**llama3, "low_freq_factor": None}}),
+                         ("cfg_llama3_list", {"rope_parameters": {**llama3, "factor": [8.0]}}),
+                         ("cfg_llama3_flat", {"rope_parameters": {**llama3, "low_freq_factor": 4.0}}),
+                         ("cfg_tie_str", {"tie_word_embeddings": "false"}), ("cfg_bias_int", {"attention_bias": 0})):
+        _variant(d, name, {**base, **change})
+    weights = load_file(str(d / "model" / "model.safetensors"))
+    for name, shard in (("wm_int", 5), ("wm_up", "../model/model.safetensors"), ("wm_list", ["model.safetensors"])):
+        _variant(d, name, base, skip=("model.safetensors",))
+        (d / name / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {k: shard for k in weights}}))
+    _variant(d, "int8", base, skip=("model.safetensors",))
+    save_file({**weights, "model.norm.weight": weights["model.norm.weight"].to(torch.int8)},
+              str(d / "int8" / "model.safetensors"))
+    _variant(d, "dup", base, skip=("model.safetensors",))  # one weight in two shards: which wins would be a guess
+    keys = sorted(weights)
+    save_file({k: weights[k] for k in keys[: len(keys) // 2 + 1]}, str(d / "dup" / "model-00001-of-00002.safetensors"))
+    save_file({k: weights[k] for k in keys[len(keys) // 2:]}, str(d / "dup" / "model-00002-of-00003.safetensors"))
+    heads = random_heads_sd()
+    save_file({**heads, "0.0.linear.weight": heads["0.0.linear.weight"].to(torch.int8)}, str(d / "heads_int8.safetensors"))
+    save_file({("00" + k[1:] if k.startswith("0.0.") else k): v for k, v in heads.items()}, str(d / "heads_00.safetensors"))
+    save_file({**heads, "00.0.linear.bias": heads["0.0.linear.bias"].clone()}, str(d / "heads_beside.safetensors"))
+    for name, template in (("chat_unparsable", "{% for m in messages %}{{ m.content }"),
+                           ("chat_raises", "{{ raise_exception('this template takes no user turns') }}")):
+        m = d / name
+        m.mkdir()
+        for f in ("config.json", "model.safetensors", "tokenizer.json", "medusa_heads.safetensors"):
+            (m / f).symlink_to(DEMO_DIR / f)
+        cfg = json.loads((DEMO_DIR / "tokenizer_config.json").read_text())
+        (m / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": template}))
+    (d / "latency_inf.json").write_text('{"points": [{"nodes": 0, "step_ms": Infinity}, {"nodes": 4, "step_ms": Infinity}]}')
+    (d / "medusa_short_prob.jsonl").write_text("\n".join(json.dumps(x) for x in (
+        {"type": "header", "mode": "medusa", "acceptance": "typical"},
+        {"step": 0, "accepted_tokens": [1, 2], "accepted_nodes": [0, 1], "tree": [[0], [1], [0, 0]],
+         "accept_prob": [None, 0.5]})) + "\n")
+    (d / "topk20.json").write_text(json.dumps({"medusa_choices": [[0], [15]], "topk": 20}))
+    import numpy as np
+
+    np.save(d / "ids_past_vocab.npy", np.array([1, 2, 3] * 200 + [10**6], dtype=np.int64))
+    for name in ("fifo.json", "fifo.jsonl", "fifo.safetensors", "fifo.npy", "fifo_out.json", "fifo_out.jsonl",
+                 "fifo_out.safetensors"):
+        os.mkfifo(d / name)
     (d / "a_dir").mkdir()
     return d
+
+
+def _variant(d, name, config, skip=()):
+    """A copy of the corpus model (files linked) with its own config.json, leaving out `skip`."""
+    m = d / name
+    m.mkdir()
+    (m / "config.json").write_text(json.dumps(config))
+    for f in (d / "model").iterdir():
+        if f.name != "config.json" and f.name not in skip:
+            (m / f.name).symlink_to(f)
 
 
 def _run_cli(module: str, argv: list[str], capsys) -> tuple[int, str]:
@@ -137,12 +187,54 @@ def bad_cases(d):
         ("engine", ["generate", "--model", m, "--prompt-ids", "1,2", "--device", "cpu", "--tree", str(d / "topk3.json")],
          "rank 5 is outside"),
         ("engine", ["inspect", str(d / "nope")], "no such file"),
+        # round 3: hostile files, counts checked before products, crashes that became one line
+        *[("trees", [cmd, *args], "not a regular file") for cmd, args in (
+            ("stats", [str(d / "fifo.jsonl")]), ("optimize", ["--traces", str(d / "fifo.jsonl"), "--out", str(d / "o.json")]),
+            ("optimize", ["--traces", ROOT + "/models/demo/tune_traces.jsonl", "--nodes", "4", "--out",
+                          str(d / "fifo_out.json"), "--overwrite"]))],
+        *[("engine", argv, "not a regular file") for argv in (
+            ["inspect", str(d / "fifo.safetensors")],
+            ["generate", "--prompt", "x", "--device", "cpu", "--trace", str(d / "fifo_out.jsonl")],
+            ["collect-traces", "--out", str(d / "fifo_out.jsonl"), "--device", "cpu", "--prompts", "1"],
+            ["eval-heads", "--model", m, "--data", str(d / "fifo.npy"), "--device", "cpu"],
+            ["generate", "--model", m, "--heads", str(d / "fifo.safetensors"), "--prompt-ids", "1,2", "--device", "cpu"],
+            ["convert-heads", str(d / "model"), "--to", "safetensors", "--out", str(d / "fifo_out.safetensors")])],
+        ("trees", ["stats", ROOT + "/models/demo/tune_traces.jsonl", "--samples", str(10**9)], "resamples are 0..100000"),
+        ("trees", ["optimize", "--traces", ROOT + "/models/demo/tune_traces.jsonl", "--latency", str(d / "latency_inf.json"),
+                   "--out", str(d / "o.json")], "step_ms a number in"),
+        ("trees", ["experiment", "--medusa-tune", str(d / "medusa_short_prob.jsonl"), "--tree", "[[0], [1], [0, 0]]"],
+         "'accept_prob' has 2 entries"),
+        ("engine", ["bench", "--threads", str(10**9)], "--threads 1000000000 is more"),
+        ("engine", ["eval-heads", "--model", m, "--data", str(d / "ids_past_vocab.npy"), "--device", "cpu", "--seq", "8"],
+         "token id 1000000 is outside the model's vocabulary"),
+        ("engine", ["generate", "--prompt", "x", "--device", "cpu", "--accept", "sample", "--top-p", "1e-46"], "top_p must be"),
+        ("engine", ["generate", "--prompt", "x", "--device", "cpu", "--accept", "sample", "--temperature", "1e-50"],
+         "temperature must be 0 (greedy) or at least"),
+        *[("engine", ["generate", "--model", str(d / name), "--prompt", "x", "--chat", "--device", "cpu"],
+           "chat template failed") for name in ("chat_unparsable", "chat_raises")],
+        *[("engine", ["generate", "--model", str(d / name), "--prompt-ids", "1,2", "--device", "cpu"], want)
+          for name, want in (("cfg_llama3_null", "rope low_freq_factor must be a positive number, got None"),
+                             ("cfg_llama3_list", "rope factor must be a positive number, got [8.0]"),
+                             ("cfg_llama3_flat", "high_freq_factor > low_freq_factor"),
+                             ("cfg_tie_str", "tie_word_embeddings must be true or false, got 'false'"),
+                             ("cfg_bias_int", "attention_bias must be true or false, got 0"),
+                             ("wm_int", "weight_map['lm_head.weight'] is 5"),
+                             ("wm_up", "expected a .safetensors file name in the model directory"),
+                             ("wm_list", "weight_map['lm_head.weight'] is ['model.safetensors']"),
+                             ("int8", "'model.norm.weight' is int8; weights must be float32"),
+                             ("dup", "duplicates"))],
+        *[("engine", ["generate", "--model", m, "--heads", str(d / name), "--prompt-ids", "1,2", "--device", "cpu"], want)
+          for name, want in (("heads_int8.safetensors", "'0.0.linear.weight' is int8"),
+                             ("heads_00.safetensors", "'00.0.linear.bias' matches no Medusa head format"),
+                             ("heads_beside.safetensors", "'00.0.linear.bias' matches no Medusa head format"))],
+        ("engine", ["convert-heads", str(d / "heads_int8.safetensors"), "--to", "safetensors", "--out", str(d / "c.st")],
+         "is int8; weights must be float32"),
     ]
 
 
 def test_every_bad_input_is_one_line_and_exit_2(corpus, capsys):
     cases = bad_cases(corpus)
-    assert len(cases) >= 45
+    assert len(cases) >= 84
     for module, argv, want in cases:
         code, err = _run_cli(module, argv, capsys)
         lines = err.strip().splitlines()
@@ -439,3 +531,86 @@ def test_live_app_under_concurrency_cancel_stop_and_faults():
         "saved tree", "upload 10 KB", "upload 2 MB", "20 files of 1 MB in one request")), access
     assert out["many_heads_file"]["ratio"] < 2 and "20000 heads" in out["many_heads_file"]["error"]
     assert out["flood"]["crashed"] == 0 and out["flood"]["answered"] == out["flood"]["sessions"]
+
+
+# -- round 3: validation before allocation, only regular files, API types ----------------------------
+def _peak_bytes(fn) -> int:
+    """Peak Python allocation while fn runs (tracemalloc): a bound on the work done, not a timing."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        fn()
+    except ValueError:
+        pass
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak
+
+
+def test_counts_are_checked_before_their_product_is_built():
+    with pytest.raises(trees.TreeError, match=r"integers in \[1, 1024\]"):
+        trees.from_counts([4000, 4000])  # built 16 M paths before refusing them, once
+    with pytest.raises(trees.TreeError, match="more than 511 nodes"):
+        trees.from_counts([1024, 1024])
+    assert _peak_bytes(lambda: trees.from_counts([1024, 1024])) < 1_000_000
+    assert trees.from_counts([2, 3]) == [[0], [1]] + [[a, b] for a in range(2) for b in range(3)]
+    with pytest.raises(ValueError, match="samples must be"):
+        trees.estimate([[0]], trees.ar_runs(trees.read_runs(DEMO_DIR / "tune_traces.jsonl")), samples=10**9)
+
+
+def test_a_trace_line_is_bounded_while_it_is_read(tmp_path):
+    from trees.stats import MAX_TRACE_LINE
+
+    f = tmp_path / "one_line.jsonl"
+    f.write_text("[" * (3 * MAX_TRACE_LINE))  # 24 MiB and no newline
+    with pytest.raises(trees.TraceError, match=r"one_line.jsonl:1: a line longer than"):
+        trees.read_runs(f)
+    assert _peak_bytes(lambda: trees.read_runs(f)) < 3 * MAX_TRACE_LINE  # the whole line was read once
+
+
+def test_only_regular_files_are_read_or_replaced(tmp_path):
+    import stat
+
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(trees.TraceError, match="not a regular file"):  # once: a hang until a writer came
+        trees.read_runs(fifo)
+    for target in (fifo, tmp_path):
+        with pytest.raises(trees.OutputPathError):
+            trees.save_tree(trees.TreeFile([[0]]), target, overwrite=True)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)  # never replaced
+    node = tmp_path / "null_node"
+    try:
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # what /dev/null is, in a folder of ours
+    except PermissionError:
+        pytest.skip("creating a device node needs CAP_MKNOD")
+    from trees.__main__ import main as trees_main
+
+    assert trees_main(["optimize", "--traces", str(DEMO_DIR / "tune_traces.jsonl"), "--nodes", "4", "--out", str(node),
+                       "--overwrite"]) == 2
+    assert stat.S_ISCHR(os.stat(node).st_mode)  # `--out /dev/null --overwrite` as root replaced the real one
+
+
+def test_engine_api_types_are_checked(demo_engine):
+    with pytest.raises(GenerationError, match="not bytes"):
+        demo_engine.generate(b"def f():", 4)  # bytes were decoded as token ids
+    with pytest.raises(GenerationError, match="stop_on_eos must be true or false"):
+        demo_engine.generate("def f():", 4, stop_on_eos="false")  # a non-empty string was true
+    for kw, msg in ((dict(temperature=1e-50), "temperature must be 0"), (dict(top_p=1e-46), "top_p must be")):
+        with pytest.raises(GenerationError, match=msg):
+            demo_engine.generate("def f():", 4, accept="sample", **kw)
+
+
+def test_a_txt_prompt_file_is_text_and_trees_commands_accept_what_validate_accepts(tmp_path, capsys):
+    from engine.prompts import read_prompts
+    from trees.__main__ import main as trees_main
+
+    f = tmp_path / "p.txt"
+    f.write_text('{"prompt": "not JSON lines: a .txt file is text"}\n---\ndef g():\n')
+    assert [p.text for p in read_prompts(f)] == ['{"prompt": "not JSON lines: a .txt file is text"}\n', "def g():\n"]
+    tree = tmp_path / "topk20.json"
+    tree.write_text(json.dumps({"medusa_choices": [[0], [15]], "topk": 20}))
+    for argv in (["validate", str(tree)], ["show", str(tree)], ["export", str(tree), "--to", "trtllm"]):
+        assert trees_main(argv) == 0, capsys.readouterr().err
+    assert "[[0],[15]]" in capsys.readouterr().out

@@ -17,9 +17,12 @@ from .estimate import (
 )
 from .io import (
     JsonInputError,
+    OutputPathError,
     TreeFile,
+    check_output_file,
     from_counts,
     load_tree,
+    open_for_reading,
     parse_json,
     parse_tree,
     read_json_file,
@@ -45,10 +48,11 @@ from .stats import HeadStats, Run, TraceError, ar_runs, head_stats, rank_vectors
 from .tree import MAX_DEPTH, MAX_NODES, MAX_TOPK, TreeError, sort_paths, validate
 
 
-def resolve(tree: object, topk: int = 10, num_heads: int | None = None) -> list[list[int]]:
+def resolve(tree: object, topk: int | None = None, num_heads: int | None = None) -> list[list[int]]:
     """A preset name, a JSON file, inline JSON text, a schema-1 dict or a list of paths -> validated
     paths (None: the default tree). Files and dicts are checked against their own topk and
-    num_heads first, then everything against the caller's."""
+    num_heads first, then everything against the caller's; topk=None: the tree's own (10 unless its
+    file says), so every `trees` command accepts what `trees validate` accepts."""
     import os
 
     if tree is None:
@@ -60,21 +64,21 @@ def resolve(tree: object, topk: int = 10, num_heads: int | None = None) -> list[
             raise TreeError(str(e)) from None
     if isinstance(tree, (str, os.PathLike)):
         s = os.fspath(tree)
-        if s.endswith(".json") or os.path.sep in s or os.path.exists(s):
-            tree = load_tree(s).medusa_choices
-        else:
-            tree = preset(s)
-    elif isinstance(tree, (dict, TreeFile)):
-        tree = parse_tree(tree).medusa_choices if isinstance(tree, dict) else tree.medusa_choices
-    return [list(p) for p in validate(tree, topk=topk, num_heads=num_heads)]
+        tree = load_tree(s) if s.endswith(".json") or os.path.sep in s or os.path.exists(s) else preset(s)
+    elif isinstance(tree, dict):
+        tree = parse_tree(tree)
+    own_topk = 10
+    if isinstance(tree, TreeFile):
+        tree, own_topk = tree.medusa_choices, tree.topk
+    return [list(p) for p in validate(tree, topk=own_topk if topk is None else topk, num_heads=num_heads)]
 
 
 __all__ = [
     "DEFAULT_TREE", "ESTIMATORS", "MAX_DEPTH", "MAX_NODES", "MAX_TOPK", "Estimate", "HeadStats", "JsonInputError",
-    "Replay", "Run", "SizeChoice", "TraceError", "TreeBuffers", "TreeError", "TreeFile",
-    "ar_runs", "best_tree", "best_tree_independent", "best_tree_position", "buffers", "chain", "cross_validate",
+    "OutputPathError", "Replay", "Run", "SizeChoice", "TraceError", "TreeBuffers", "TreeError", "TreeFile",
+    "ar_runs", "best_tree", "check_output_file", "best_tree_independent", "best_tree_position", "buffers", "chain", "cross_validate",
     "diff", "estimate", "expected_independent", "expected_position", "expected_replay", "expected_step_start",
-    "from_counts", "head_stats", "kary", "latency_points", "load_tree", "names", "optimize_replay",
+    "from_counts", "head_stats", "kary", "latency_points", "load_tree", "names", "open_for_reading", "optimize_replay",
     "pack_mask_bits", "parse_json", "parse_tree", "path_probability", "preset", "rank_vectors", "read_json_file",
     "read_runs", "read_text_file", "register", "resolve", "run_of_steps", "save_tree", "select_size",
     "sort_paths", "to_trtllm", "to_vllm", "validate", "write_atomic",

@@ -32,7 +32,7 @@ from . import (
     to_vllm,
     validate,
 )
-from .estimate import Replay
+from .estimate import MAX_BOOTSTRAP, Replay
 
 
 class Parser(argparse.ArgumentParser):
@@ -57,6 +57,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _samples(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= v <= MAX_BOOTSTRAP:
+        raise argparse.ArgumentTypeError(f"bootstrap resamples are 0..{MAX_BOOTSTRAP}, got {v}")
     return v
 
 
@@ -223,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stats", help="head accuracies; with --tree, its tokens/step by every estimator")
     st.add_argument("traces")
     st.add_argument("--tree", default=None)
-    st.add_argument("--samples", type=int, default=1000, help="bootstrap resamples over runs")
+    st.add_argument("--samples", type=_samples, default=1000, help="bootstrap resamples over runs")
     o = sub.add_parser("optimize", help="the best tree of --nodes nodes for these traces")
     o.add_argument("--traces", required=True, nargs="+", help="AR trace files (pooled)")
     o.add_argument("--nodes", type=_positive, default=64)
@@ -233,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--latency", default=None,
                    help="`bench --part latency` JSON: choose the size (up to --nodes) by replayed E(n)/t(n) at measured sizes")
     o.add_argument("--folds", type=int, default=0, help="also report k-fold held-out tokens/step")
-    o.add_argument("--samples", type=int, default=1000)
+    o.add_argument("--samples", type=_samples, default=1000)
     o.add_argument("--name", default="optimised")
     o.add_argument("--out", required=True)
     o.add_argument("--overwrite", action="store_true")
@@ -244,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="typical / sample: Medusa-run traces (with accept_prob) of a tree containing the others, on tune prompts")
     x.add_argument("--tree", action="append", required=True, metavar="TREE[:MEASURED.jsonl]",
                    help="a preset or tree file, with the Medusa-run traces of it on the test prompts")
-    x.add_argument("--samples", type=int, default=1000)
+    x.add_argument("--samples", type=_samples, default=1000)
     e = sub.add_parser("export", help="print a tree for another engine")
     e.add_argument("tree")
     e.add_argument("--to", choices=["trtllm", "vllm", "json"], required=True)

@@ -65,7 +65,7 @@ def eval_heads(model: str, data: str, heads: str | None = None, seq: int = 256, 
     from ..engine import load
 
     eng = load(model, heads=heads if heads is not None else True, device=device, dtype="float32", cuda_graphs=False)
-    tokens = read_training_tokens(data, resolve_model_dir(model))
+    tokens = read_training_tokens(data, resolve_model_dir(model), eng.args.vocab_size)
     if len(tokens) < seq + 2:
         raise ValueError(f"{data}: {len(tokens)} tokens, fewer than one window of {seq + 1}")
     acc = evaluate_heads(eng.heads, eng.model, tokens, seq, batch, eng.device, n_batches)
@@ -137,11 +137,11 @@ def train_heads(
     model_dir = resolve_model_dir(model)
     base, _, _ = load_base(model_dir, dev, torch.float32)
     base.requires_grad_(False)
-    tokens = read_training_tokens(data, model_dir)
+    tokens = read_training_tokens(data, model_dir, base.args.vocab_size)
     if len(tokens) < seq + 2:
         raise ValueError(f"{data}: {len(tokens)} tokens, fewer than one training window of {seq + 1}")
     if heldout is not None:
-        train, held = tokens, read_training_tokens(heldout, model_dir)
+        train, held = tokens, read_training_tokens(heldout, model_dir, base.args.vocab_size)
     else:
         split = int(len(tokens) * 0.98)
         train, held = tokens[:split], tokens[split:] if len(tokens) - split > seq + 2 else tokens
