@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,10 @@ from .tp import SINGLE, TP
 from .trace import Tracer, TraceWriter, header
 
 CACHE_GRANULE = 256  # KV cache capacity is rounded up to this, so similar requests reuse one cache (and its graphs)
+
+
+class EngineBusy(RuntimeError):
+    """This thread holds the engine in an open `stream()` and asked it for another run."""
 
 
 @dataclass
@@ -80,7 +85,15 @@ def parse_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.
 
 class Engine:
     """A loaded model with its heads and tokenizer. Build it with `engine.load`; the model is used as
-    built (backend and fused kernels fixed by `loading.build_model`)."""
+    built (backend and fused kernels fixed by `loading.build_model`).
+
+    Sharing: an Engine decodes one run at a time, because the run's state (the KV cache, the CUDA
+    graphs' buffers) lives in the one model. `generate()` holds the engine for the call; `stream()`
+    from the call until its iterator is exhausted, closed or garbage collected. A run asked for from
+    another thread meanwhile waits its turn (a queue), so threads sharing an engine each get exactly
+    their solo output. A run asked for from the thread that holds an open stream raises EngineBusy
+    at once, since waiting there would never end: finish or `close()` that stream first.
+    """
 
     def __init__(self, model: Transformer, heads: MedusaHeads | None, tokenizer, name: str, heads_source: str | None,
                  max_seq_len: int | None = None, cuda_graphs: bool = False):
@@ -103,6 +116,20 @@ class Engine:
             eos.add(tokenizer.eos_token_id)
         self.eos_ids = eos
         self._token_text: dict[int, str] = {}
+        self._turn = threading.Lock()  # held by the run in progress (see the class docstring)
+        self._holder: int | None = None  # the thread that took it
+
+    def _acquire(self) -> None:
+        me = threading.get_ident()
+        if self._holder == me:
+            raise EngineBusy("this thread has an open stream() on this engine: exhaust or close() it before "
+                             "starting another run (an Engine decodes one run at a time)")
+        self._turn.acquire()
+        self._holder = me
+
+    def _release(self) -> None:
+        self._holder = None
+        self._turn.release()
 
     @property
     def device(self) -> torch.device:
@@ -245,35 +272,39 @@ class Engine:
     def stream(self, prompt_or_ids: str | Sequence[int], max_new_tokens: int | None = None,
                config: GenerationConfig | None = None, **fields) -> Iterator[StepEvent]:
         """One StepEvent per decoding step (the UI draws each as it arrives). Settings are a
-        GenerationConfig and/or its fields as keywords; they are checked here, before the first step."""
-        return self._stream(self.session([prompt_or_ids], self.config(max_new_tokens, config, **fields)))
-
-    @staticmethod
-    def _stream(session: Session) -> Iterator[StepEvent]:
+        GenerationConfig and/or its fields as keywords; they are checked here, before the first step.
+        The iterator holds the engine until it is exhausted, closed or dropped (class docstring)."""
+        cfg = self.config(max_new_tokens, config, **fields)
+        self._acquire()
         try:
-            for events in session.run():
-                yield events[0]
-        finally:
-            session.close()
+            session = self.session([prompt_or_ids], cfg)
+        except BaseException:
+            self._release()
+            raise
+        return _Stream(session, self._release)
 
     def generate(self, prompt_or_ids, max_new_tokens: int | None = None, config: GenerationConfig | None = None,
                  **fields) -> Result | list[Result]:
         """One prompt (text or token ids) -> Result; a list of prompts (texts or id lists) -> one
-        Result per prompt, decoded together as a batch."""
+        Result per prompt, decoded together as a batch. Waits for a run of another thread to end."""
         cfg = self.config(max_new_tokens, config, **fields)
         batched = isinstance(prompt_or_ids, (list, tuple)) and bool(prompt_or_ids) and \
             all(isinstance(p, (str, list, tuple)) for p in prompt_or_ids)
         prompts = list(prompt_or_ids) if batched else [prompt_or_ids]
-        t0 = time.perf_counter()
-        session = self.session(prompts, cfg)
-        per_request: list[list[StepEvent]] = [[] for _ in prompts]
+        self._acquire()
         try:
-            for events in session.run():
-                for ev in events:
-                    per_request[ev.request].append(ev)
+            t0 = time.perf_counter()
+            session = self.session(prompts, cfg)
+            per_request: list[list[StepEvent]] = [[] for _ in prompts]
+            try:
+                for events in session.run():
+                    for ev in events:
+                        per_request[ev.request].append(ev)
+            finally:
+                session.close()
+            wall = time.perf_counter() - t0
         finally:
-            session.close()
-        wall = time.perf_counter() - t0
+            self._release()
         results = []
         for req, evs in zip(session.requests, per_request):
             results.append(Result(
@@ -291,6 +322,42 @@ class Engine:
                 traces=[e.trace for e in evs if e.trace is not None],
             ))
         return results if batched else results[0]
+
+
+class _Stream:
+    """What `Engine.stream` returns: the run's StepEvents, holding the engine until the run is
+    exhausted, closed or garbage collected (a generator that was never started runs no `finally`,
+    so a plain generator could not promise that)."""
+
+    def __init__(self, session: Session, release):
+        self._session, self._release = session, release
+        self._steps = (events[0] for events in session.run())  # refers to the session only: no cycle through self
+
+    def __iter__(self) -> _Stream:
+        return self
+
+    def __next__(self) -> StepEvent:
+        if self._release is None:
+            raise StopIteration
+        try:
+            return next(self._steps)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """End the run after the step in flight and give the engine back (idempotent)."""
+        release, self._release = self._release, None
+        if release is None:
+            return
+        try:
+            self._steps.close()
+            self._session.close()
+        finally:
+            release()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def available_memory() -> int:
