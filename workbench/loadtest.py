@@ -165,7 +165,7 @@ def stop_isolation(url: str, chromium: str, tokens: int = 1000) -> dict:
         a.wait_for_function("document.querySelector('#stats').innerText.includes('tokens,')", timeout=120_000)
         a.wait_for_timeout(1000)
         t0 = time.perf_counter()
-        a.get_by_role("button", name="Stop").click()
+        a.get_by_role("button", name="Stop").click(timeout=120_000)  # a loaded machine can take long to click
         a.wait_for_function("document.querySelector('#stats').innerText.includes('stopped by user')", timeout=120_000)
         stop_s = time.perf_counter() - t0
         b.wait_for_function("document.querySelector('#stats').innerText.includes('stopped:')", timeout=300_000)
@@ -251,7 +251,7 @@ def stop_after_sessions(url: str, chromium: str, others: int, tokens: int = 1000
             answered = sum(pool.map(visit, range(others)))
         running = "stopped" not in pg.locator("#stats").inner_text()
         t0 = time.perf_counter()
-        pg.get_by_role("button", name="Stop").click()
+        pg.get_by_role("button", name="Stop").click(timeout=120_000)  # a loaded machine can take long to click
         pg.wait_for_function("document.querySelector('#stats').innerText.includes('stopped')", timeout=120_000)
         out = {"other_sessions": others, "others_answered": answered, "run_still_going_at_stop": running,
                "stop_click_to_page_s": round(time.perf_counter() - t0, 3), "stats": pg.locator("#stats").inner_text()}
