@@ -21,7 +21,7 @@ def port(text: str) -> int:
     return v
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     from engine.cli import Parser
     from engine.options import add_model_arguments
 
@@ -32,7 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--share", choices=["never"], default="never", help="public share links are never made")
     p.add_argument("--data-dir", default=None, help="saved trees, runs and trace pools (default ~/.medusa-workbench)")
     p.add_argument("--traces", default=None, help="AR traces the predictions start from (default: the demo's)")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
     import engine
     from engine.loading import DEMO_DIR
     from engine.options import load_from_arguments

@@ -4,7 +4,7 @@ from .config import ModelArgs, ModelLoadError
 from .engine import Engine, EngineBusy, Result, load
 from .generation import GenerationConfig, GenerationError
 from .heads import MedusaHeads
-from .session import StepEvent
+from .trace import StepEvent
 
 __all__ = ["Engine", "EngineBusy", "GenerationConfig", "GenerationError", "MedusaHeads", "ModelArgs", "ModelLoadError", "Result",
            "StepEvent", "load"]

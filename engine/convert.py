@@ -199,16 +199,13 @@ def convert(src: str | Path, to: str, out: str | Path, model: str | Path | None 
 
 def _top1(sd: dict[str, torch.Tensor], model_dir: Path, data: str) -> list[float]:
     """Held-out top-1 accuracy per head of these heads on `data` (a token or text file)."""
-    import numpy as np
-
     from .heads import heads_from_state_dict
     from .loading import load_base
-    from .train.data import read_training_tokens
+    from .train.data import read_sequences
     from .train.heads import evaluate_heads
 
     base, _, _ = load_base(model_dir, torch.device("cpu"), torch.float32)
     heads: MedusaHeads = heads_from_state_dict({k: v.float() for k, v in sd.items()}, base.args.dim, base.args.vocab_size, "heads")
-    tokens = read_training_tokens(data, model_dir, base.args.vocab_size)
-    seq = min(256, len(tokens) - 2)
-    acc = evaluate_heads(heads, base, np.asarray(tokens), seq, 4, torch.device("cpu"), n_batches=2)
+    seqs = read_sequences(data, model_dir, 257, base.args.vocab_size)
+    acc = evaluate_heads(heads, base, seqs, 4 * 257, 257, torch.device("cpu"), max_positions=2000)
     return [round(a["top1"], 4) for a in acc]

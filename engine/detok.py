@@ -7,8 +7,14 @@ the tokens of the last emitted piece (left context, so tokenizers that strip or 
 of a sequence see the same neighbours as in the whole text) plus the new ones, and emit what the
 window adds beyond its context. A window that ends in U+FFFD is an incomplete character: nothing is
 emitted until its last byte arrives (or the run ends, when `flush` emits the rest as the whole
-decode would). Joined, the pieces equal `tokenizer.decode(all_ids)` (tests/test_detok.py checks a
+decode would). Joined, the pieces equal `decode(tokenizer, all_ids)` (tests/test_detok.py checks a
 byte-level BPE and a SentencePiece-style tokenizer on non-ASCII text).
+
+Windows work because the text of a prefix of tokens is a prefix of the whole text. transformers'
+`clean_up_tokenization_spaces` breaks that (it deletes a space before punctuation or a contraction
+depending on the token that follows: "it '" then "it's"), and it rewrites text the model wrote
+(`f(a , b)` becomes `f(a, b)`), so the engine never applies it: every text it gives, streamed,
+whole or per token, is the tokens' own text (`decode`).
 """
 
 from __future__ import annotations
@@ -16,6 +22,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 REPLACEMENT = "\ufffd"
+
+
+def decode(tokenizer, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    """The tokens' own text, without transformers' clean-up of spaces (see the module docstring)."""
+    return tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
 
 
 class IncrementalDetokenizer:
@@ -29,7 +40,7 @@ class IncrementalDetokenizer:
     def _decode(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:  # token ids as text, space-separated (models without a tokenizer)
             return " ".join(map(str, ids))
-        return self.tokenizer.decode(list(ids), skip_special_tokens=self.skip)
+        return decode(self.tokenizer, ids, self.skip)
 
     def push(self, ids: Sequence[int]) -> str:
         """Add a step's tokens; return the text they complete (possibly '')."""

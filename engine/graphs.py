@@ -2,7 +2,7 @@
 
 A step of the 7B shape is a few hundred small kernels; launched eagerly from Python the host is
 the bottleneck (benchmarks/README.md). A captured step is the same kernels replayed with one call.
-What is captured, per (tree, batch size, heads on/off, traced, span): `decode.tree_forward` /
+What is captured, per (tree, batch size, heads object, traced, span): `decode.tree_forward` /
 `decode.ar_forward` under greedy acceptance (draft from the heads' top-k, the forward over every
 node, verification, KV compaction, the next heads, the length update, and the step trace when
 traced), reading and writing static state tensors this module owns. Lengths come from device
@@ -26,11 +26,13 @@ import torch
 
 from trees import TreeBuffers
 
+from .accept import RULES, Rule
 from .attention import READS_LIVE_LENGTH
-from .decode import DecodeState, StepResult, StepTensors, ar_forward, finish_step, tree_forward
+from .decode import DecodeState, StepTensors, ar_forward, finish_step, tree_forward
 from .heads import MedusaHeads
 from .model import Transformer
 from .sampling import SamplingParams
+from .trace import StepEvent
 
 GREEDY = SamplingParams()
 WARMUP_STEPS = 2  # eager runs on a side stream before capture (Triton compiles, cuBLAS picks kernels)
@@ -67,9 +69,10 @@ class StepGraphs:
         self.captures = 0  # how many graphs were captured (tests and benchmarks read it)
 
     @staticmethod
-    def usable(model: Transformer, accept: str, params: SamplingParams, mode: str) -> bool:
-        """Graphs need one rank and greedy acceptance (sampling draws on the host's generator)."""
-        return model.tp.world == 1 and params.greedy and (mode == "ar" or accept == "greedy")
+    def usable(model: Transformer, rule: Rule, mode: str) -> bool:
+        """Graphs need one rank and steps decided on the device: a tree step under a rule with
+        `graphs` (greedy), an AR step under a rule that does not sample (its tokens are the argmax)."""
+        return model.tp.world == 1 and (rule.graphs if mode == "medusa" else not rule.samples)
 
     def span(self, state: DecodeState, nodes: int, ahead: int) -> int:
         """Cache slots a captured step reads: the whole cache where the kernel reads live lengths
@@ -82,7 +85,7 @@ class StepGraphs:
         return min(cap, -(-need // SDPA_BUCKET) * SDPA_BUCKET)
 
     def step(self, heads: MedusaHeads | None, buf: TreeBuffers | None, choices, state: DecodeState,
-             trace_topk: int = 0) -> list[StepResult]:
+             trace_topk: int = 0) -> list[StepEvent]:
         """One greedy step (a tree step when buf is given, else AR) by graph replay."""
         return self.collect(self.launch(heads, buf, choices, state, trace_topk), state)
 
@@ -100,7 +103,9 @@ class StepGraphs:
             self._cache_key = cache_key
         tree_key = tuple(map(tuple, choices)) if buf is not None else None
         span = self.span(state, buf.num_nodes if buf is not None else 1, ahead)
-        key = (tree_key, state.root.shape[0], heads is not None, trace_topk, span)
+        # the heads object itself (None for AR without heads): a graph reads its weights by address, so
+        # other heads need their own graph; the key also keeps them alive, so no address is ever reused
+        key = (tree_key, state.root.shape[0], heads, trace_topk, span)
         g = self.graphs.get(key)
         if g is None:
             g = self.graphs[key] = self._capture(heads, buf, tree_key, state, trace_topk, span)
@@ -117,7 +122,7 @@ class StepGraphs:
         return Pending(g.out, host, done)
 
     @staticmethod
-    def collect(pending: Pending, state: DecodeState) -> list[StepResult]:
+    def collect(pending: Pending, state: DecodeState) -> list[StepEvent]:
         """Wait for one launched step and read it (trace included: it travelled in the same copy)."""
         pending.done.synchronize()
         return finish_step(state, pending.out, pending.host.tolist())
@@ -130,7 +135,7 @@ class StepGraphs:
         def body() -> StepTensors:
             work = DecodeState(static.lengths, static.host_lengths, static.root, static.head_logits)
             if buf is not None:
-                out = tree_forward(self.model, heads, buf, work, "greedy", GREEDY, None, span=span,
+                out = tree_forward(self.model, heads, buf, work, RULES["greedy"], GREEDY, None, span=span,
                                    trace=bool(trace_topk))
             else:
                 out = ar_forward(self.model, heads, work, GREEDY, None, span=span, trace_topk=trace_topk)

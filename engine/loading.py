@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -21,20 +22,55 @@ from .heads import MedusaHeads, heads_from_state_dict, heads_from_tensors
 from .model import Transformer
 from .tp import SINGLE, TP, check_divisible, is_row_parallel_bias, shard_dim
 
-DEMO_DIR = Path(__file__).resolve().parent.parent / "models" / "demo"
+REPO_MODELS = Path(__file__).resolve().parent.parent / "models"
+DEMO_DIR = REPO_MODELS / "demo"
 HEAD_FILES = ("medusa_heads.safetensors", "medusa_lm_head.safetensors", "medusa_lm_head.pt")
+TREE_FILE = "medusa_choices.json"  # a tree file beside the heads: the default tree for them
 _IGNORED_KEYS = ("rotary_emb.inv_freq",)
 
 
+def cache_root() -> Path:
+    """Where fetched models and data go: $MEDUSA_WORKBENCH_CACHE, else ~/.cache/medusa-workbench."""
+    return Path(os.environ.get("MEDUSA_WORKBENCH_CACHE") or Path.home() / ".cache" / "medusa-workbench").expanduser()
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    """A model users name instead of a path: the base model's folder, and the heads (and default
+    tree) shipped in this repository for it. `fetched` models are imported by `python -m engine fetch`."""
+
+    name: str
+    heads_dir: Path
+    fetched: bool
+
+    @property
+    def base_dir(self) -> Path:
+        if self.name == "demo":
+            return Path(os.environ.get("MEDUSA_DEMO_MODEL", DEMO_DIR))
+        return cache_root() / "models" / self.name
+
+
+NAMED_MODELS = {"demo": NamedModel("demo", DEMO_DIR, fetched=False),
+                "smollm2": NamedModel("smollm2", REPO_MODELS / "smollm2-medusa", fetched=True)}
+
+
 def resolve_model_dir(model: str | os.PathLike) -> Path:
-    """`demo`, a local directory, or a hub id already in the local cache (never downloads)."""
-    if str(model) == "demo":
-        path = Path(os.environ.get("MEDUSA_DEMO_MODEL", DEMO_DIR))
+    """A named model (`demo`, `smollm2`), a local directory, or a hub id already in the local cache
+    (never downloads)."""
+    named = NAMED_MODELS.get(str(model))
+    if named is not None:
+        path = named.base_dir
         if not (path / "config.json").exists():
-            raise ModelLoadError(f"the demo model is missing at {path} (expected config.json there)")
+            if named.fetched:
+                raise ModelLoadError(f"the {named.name} model is not here yet ({path}): run `python -m engine fetch "
+                                     f"{named.name}` once (it downloads and imports it)")
+            raise ModelLoadError(f"the {named.name} model is missing at {path} (expected config.json there)")
         return path
     path = Path(model).expanduser()
     if path.exists():
+        if path.is_file() and path.suffix == ".gguf":
+            raise ModelLoadError(f"{path}: a GGUF file; import it once with `python -m engine import-gguf {path} "
+                                 "--out DIR`, then pass --model DIR")
         if not path.is_dir():
             raise ModelLoadError(f"{path}: expected a model directory (config.json + *.safetensors)")
         if not (path / "config.json").exists():
@@ -269,6 +305,28 @@ def load_base(model_dir: Path, device, dtype, tp: TP = SINGLE, backend: str = "s
     model = build_model(args, tp, backend=backend, fused=fused, skinny_gemm=skinny_gemm)
     tensors = (kv for f in base_weight_files(model_dir) for kv in _tensors(f, tp))
     return fill_model(model, tensors, device, dtype, str(model_dir))
+
+
+def heads_dir(model: str | os.PathLike, model_dir: Path) -> Path:
+    """Where a model's heads are looked for: the repo's folder for a named model, else the model's own."""
+    named = NAMED_MODELS.get(str(model))
+    return named.heads_dir if named is not None else model_dir
+
+
+def generation_eos(model_dir: Path) -> tuple[int, ...]:
+    """End-of-sequence ids from `generation_config.json` (instruct models list their end-of-turn token
+    there, e.g. Llama-3's <|eot_id|>, beside the base EOS)."""
+    path = model_dir / "generation_config.json"
+    if not path.exists():
+        return ()
+    try:
+        eos = trees.read_json_file(path).get("eos_token_id")
+    except (trees.JsonInputError, AttributeError):
+        raise ModelLoadError(f"{path}: not a JSON object") from None
+    ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    if not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in ids):
+        raise ModelLoadError(f"{path}: eos_token_id must be an integer or a list of integers")
+    return tuple(ids)
 
 
 def find_heads(model_dir: Path) -> Path | None:

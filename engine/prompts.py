@@ -4,7 +4,7 @@ Held-out prompts are slices of standard-library files the demo model never train
 held out when sha1 of its relative path is 0 mod 40, ~2.5%, so the split is by file and stable
 across machines with the same Python). Prompt files (`--prompts-file`, the Tune and Compare tabs):
   *.jsonl  one JSON object per line with `prompt` (a string) or `turns` (a list of strings: MT-Bench
-           and Spec-Bench question files); `question_id` is kept when present (also *.json)
+           and Spec-Bench question files); `question_id` (or `id`) is kept when present (also *.json)
   *.txt    plain text, prompts separated by lines holding only `---` (also *.md; any other name is
            read as JSON lines when its text starts with '{')
 """
@@ -66,7 +66,7 @@ def heldout_prompts(n: int = 16, chars: int = 300) -> list[str]:
 class Prompt:
     text: str  # the first turn: what single-turn runs decode
     turns: list[str] = field(default_factory=list)
-    id: object = None  # question_id from a question file, else the 0-based index
+    id: object = None  # question_id (or id) from a JSONL file, else the 0-based index
     category: str | None = None  # a question file's category (Spec-Bench, MT-Bench)
 
 
@@ -80,7 +80,9 @@ def parse_prompts(text: str, where: str = "prompts", jsonl: bool | None = None) 
         jsonl = text.lstrip().startswith("{")
     out: list[Prompt] = []
     if jsonl:
-        for n, line in enumerate(text.splitlines(), 1):
+        # JSON Lines ends a record at "\n" only: str.splitlines would also split at U+2028 and other
+        # Unicode line breaks, which JSON strings may hold unescaped (ShareGPT's do)
+        for n, line in enumerate(text.split("\n"), 1):
             if not line.strip():
                 continue
             try:
@@ -93,7 +95,7 @@ def parse_prompts(text: str, where: str = "prompts", jsonl: bool | None = None) 
                 turns = [prompt]
             if not (isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns)):
                 raise PromptFileError(f"{where}:{n}: expected an object with 'prompt' (text) or 'turns' (a list of texts)")
-            out.append(Prompt(turns[0], list(turns), obj.get("question_id", len(out)), obj.get("category")))
+            out.append(Prompt(turns[0], list(turns), obj.get("question_id", obj.get("id", len(out))), obj.get("category")))
             if len(out) > MAX_PROMPTS:
                 raise PromptFileError(f"{where}: more than {MAX_PROMPTS} prompts")
     else:

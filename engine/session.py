@@ -1,12 +1,15 @@
-"""One generation run: prefill -> step runner -> stop criteria -> incremental detokeniser -> tracer.
+"""One generation run: prefill -> step runner -> stop criteria -> incremental detokeniser -> trace.
 
 `Session.run` is the loop the engine's generate/stream share; each part it calls has one job:
   runner     EagerRunner (any device, any acceptance) or GraphRunner (CUDA graphs, greedy), one
-             `launch(state)` / `collect(handle, state)` interface; a GraphRunner may queue step N+1
-             before the host reads step N, so host work overlaps the GPU's
+             `launch(state)` / `collect(handle, state)` interface returning one StepEvent per
+             request; a GraphRunner may queue step N+1 before the host reads step N, so host work
+             overlaps the GPU's
   Request    one prompt's output: cuts at EOS and the token limit, text through the detokeniser
-  Tracer     the step trace (engine/trace.py), built from fields the step packed on the device
-Requests that finish leave the batch once no step is in flight (docs/algorithm.md).
+  trace      traced runs give each StepEvent the run's TraceContext and write its line
+             (engine/trace.py: the record and its JSON are one thing)
+The first token is sampled only under a rule that samples (`sample`); greedy and typical start
+from the argmax. Requests that finish leave the batch once no step is in flight (docs/algorithm.md).
 """
 
 from __future__ import annotations
@@ -14,45 +17,37 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 
 from trees import TreeBuffers
 
-from .decode import DecodeState, StepResult, ar_forward, finish_step, prefill, tree_forward
+from .accept import Rule
+from .decode import DecodeState, ar_forward, finish_step, prefill, tree_forward
 from .detok import IncrementalDetokenizer
 from .generation import GenerationConfig
 from .graphs import StepGraphs
 from .heads import MedusaHeads
 from .model import Transformer
 from .sampling import SamplingParams
-from .trace import Tracer
+from .trace import StepEvent, TraceContext, TraceWriter
 
 
-@dataclass
-class StepEvent:
-    """One request's decoding step, as the API streams it."""
-
-    step: int
-    tokens: list[int]  # committed this step (cut at EOS / the token limit)
-    text: str  # exactly the text this step added: joined over a run, the run's text
-    accepted_nodes: list[int]  # tree nodes kept, root (0) first
-    step_ms: float
-    trace: dict | None = None  # the step trace (docs/trace-schema.md) when the run is traced
-    done: bool = False
-    finish_reason: str | None = None  # "eos" | "length" on the last event
-    request: int = 0  # index of the prompt in a batch
+def root_params(rule: Rule, params: SamplingParams) -> SamplingParams:
+    """How roots the step does not verify are chosen (the first token, and every AR token): drawn
+    from the target under a rule that samples, else the argmax (Medusa's typical acceptance too)."""
+    return params if rule.samples else SamplingParams()
 
 
 class Request:
     """One prompt's output so far: cut at EOS and at the token limit, detokenised incrementally."""
 
-    def __init__(self, index: int, prompt: list[int], tokenizer, max_new: int, eos_ids: set[int], stop_on_eos: bool):
+    def __init__(self, index: int, prompt: list[int], tokenizer, max_new: int, eos_ids: set[int], stop_on_eos: bool,
+                 text: bool = True):
         self.index, self.prompt, self.max_new = index, prompt, max_new
         self.eos_ids = eos_ids if stop_on_eos else set()
         self.tokens: list[int] = []
-        self.detok = IncrementalDetokenizer(tokenizer)
+        self.detok = IncrementalDetokenizer(tokenizer) if text else None
         self.finish: str | None = None
 
     def commit(self, tokens: list[int]) -> tuple[list[int], str]:
@@ -65,6 +60,8 @@ class Request:
         self.tokens.extend(tokens)
         if self.finish is None and len(self.tokens) >= self.max_new:
             self.finish = "length"
+        if self.detok is None:
+            return tokens, ""
         text = self.detok.push(tokens)
         return tokens, text + self.detok.flush() if self.finish else text
 
@@ -74,19 +71,20 @@ class EagerRunner:
 
     ahead = False
 
-    def __init__(self, model: Transformer, heads: MedusaHeads | None, buf: TreeBuffers | None, accept: str,
+    def __init__(self, model: Transformer, heads: MedusaHeads | None, buf: TreeBuffers | None, rule: Rule,
                  params: SamplingParams, gen: torch.Generator | None, trace_topk: int):
-        self.model, self.heads, self.buf, self.accept = model, heads, buf, accept
+        self.model, self.heads, self.buf, self.rule = model, heads, buf, rule
         self.params, self.gen, self.trace_topk = params, gen, trace_topk
 
     @torch.inference_mode()
     def launch(self, state: DecodeState, ahead: int = 0):
         if self.buf is not None:
-            return tree_forward(self.model, self.heads, self.buf, state, self.accept, self.params, self.gen,
+            return tree_forward(self.model, self.heads, self.buf, state, self.rule, self.params, self.gen,
                                 trace=bool(self.trace_topk))
-        return ar_forward(self.model, self.heads, state, self.params, self.gen, trace_topk=self.trace_topk)
+        return ar_forward(self.model, self.heads, state, root_params(self.rule, self.params), self.gen,
+                          trace_topk=self.trace_topk)
 
-    def collect(self, handle, state: DecodeState) -> list[StepResult]:
+    def collect(self, handle, state: DecodeState) -> list[StepEvent]:
         return finish_step(state, handle)
 
 
@@ -101,7 +99,7 @@ class GraphRunner:
     def launch(self, state: DecodeState, ahead: int = 0):
         return self.graphs.launch(self.heads, self.buf, self.choices, state, self.trace_topk, ahead)
 
-    def collect(self, handle, state: DecodeState) -> list[StepResult]:
+    def collect(self, handle, state: DecodeState) -> list[StepEvent]:
         return self.graphs.collect(handle, state)
 
 
@@ -109,16 +107,17 @@ class Session:
     """Decode a batch of prompts under one GenerationConfig. Built (and checked) by Engine.session."""
 
     def __init__(self, model: Transformer, heads: MedusaHeads | None, requests: list[Request], cfg: GenerationConfig,
-                 buf: TreeBuffers | None, choices: list[list[int]] | None, runner, tracer: Tracer | None,
-                 gen: torch.Generator | None):
+                 buf: TreeBuffers | None, choices: list[list[int]] | None, runner, trace: TraceContext | None,
+                 writer: TraceWriter | None, gen: torch.Generator | None):
         self.model, self.requests, self.cfg, self.buf, self.choices = model, requests, cfg, buf, choices
-        self.runner, self.tracer, self.gen = runner, tracer, gen
+        self.runner, self.trace, self.writer, self.gen = runner, trace, writer, gen
         self.prefill_heads = heads
         self.per_step = buf.depth + 1 if buf is not None else 1  # most tokens one step can commit
 
     def run(self) -> Iterator[list[StepEvent]]:
         """Yield, per step, the event of every request still running."""
-        state = prefill(self.model, self.prefill_heads, [r.prompt for r in self.requests], self.cfg.sampling(), self.gen)
+        params = root_params(self.cfg.rule(), self.cfg.sampling())
+        state = prefill(self.model, self.prefill_heads, [r.prompt for r in self.requests], params, self.gen)
         rows = list(range(len(self.requests)))  # the request of each batch row
         inflight = (self.runner.launch(state), rows)
         try:
@@ -133,8 +132,8 @@ class Session:
                 ms = (time.perf_counter() - t0) * 1000
                 # a request that ended at step N is still in the batch of a step N+1 queued before that
                 # was known: its row of that step is dropped here
-                events = [self._event(step, self.requests[req], res, prefix[row], ms)
-                          for row, (req, res) in enumerate(zip(rows, results)) if self.requests[req].finish is None]
+                events = [self._event(step, self.requests[req], ev, prefix[row], ms)
+                          for row, (req, ev) in enumerate(zip(rows, results)) if self.requests[req].finish is None]
                 if events:
                     yield events
                 live = [i for i, req in enumerate(rows) if self.requests[req].finish is None]
@@ -151,8 +150,8 @@ class Session:
                 inflight[0].done.synchronize()
 
     def close(self) -> None:
-        if self.tracer is not None and self.tracer.writer is not None:
-            self.tracer.writer.close()
+        if self.writer is not None:
+            self.writer.close()
 
     def _may_end(self, rows: list[int]) -> bool:
         """Could the step in flight end a request (so the batch may change)? By the token limit, or
@@ -160,9 +159,13 @@ class Session:
         return any(r.finish is not None or r.max_new - len(r.tokens) <= self.per_step
                    for r in (self.requests[i] for i in rows))
 
-    def _event(self, step: int, req: Request, res: StepResult, prefix_len: int, ms: float) -> StepEvent:
-        tokens, text = req.commit(res.tokens)
-        trace = None
-        if self.tracer is not None:
-            trace = self.tracer.record(step, prefix_len, res, tokens, ms, req.index if len(self.requests) > 1 else None)
-        return StepEvent(step, tokens, text, res.accepted_nodes, ms, trace, req.finish is not None, req.finish, req.index)
+    def _event(self, step: int, req: Request, ev: StepEvent, prefix_len: int, ms: float) -> StepEvent:
+        """The runner's record of a request's step, completed: cut, with its text, timed, traced."""
+        ev.tokens, ev.text = req.commit(ev.tokens)
+        ev.step, ev.prefix_len, ev.step_ms, ev.request = step, prefix_len, ms, req.index
+        ev.done, ev.finish_reason = req.finish is not None, req.finish
+        ev.context = self.trace
+        if self.writer is not None:
+            self.writer.write(ev.trace)
+        return ev
+

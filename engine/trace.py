@@ -1,8 +1,12 @@
-"""Step traces: one JSON object per decoding step (schema_version 1, docs/trace-schema.md).
+"""The step record: one `StepEvent` per request and step, from the runner to the stream, the trace
+file and the UI (trace schema 1, docs/trace-schema.md).
 
-The numbers come from the device already packed (`decode.trace_fields`); this module only names
-them and adds token texts. The writer flushes every line, so a killed run keeps every step it
-finished.
+`decode.finish_step` reads a step's packed device tensor into one StepEvent per request: the
+tokens it committed, the nodes it kept and, when the run is traced, what the step saw (computed on
+the device by `decode.trace_fields`). The session cuts the tokens at EOS or the token limit, adds
+the text they make and, when traced, the run's `TraceContext`. `StepEvent.to_json()` is then the
+trace line: the trace file holds it, `StepEvent.trace` and `Result.traces` return it, and the app
+draws from it. The writer flushes every line, so a killed run keeps every step it finished.
 """
 
 from __future__ import annotations
@@ -11,55 +15,83 @@ import json
 import os
 import platform
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import IO
 
 import torch
 
-from .decode import StepResult
 from .generation import GenerationError
 
 TRACE_SCHEMA_VERSION = 1
 
 
-class Tracer:
-    """Builds the trace record of each step of one run (the tree's shape is fixed for the run)."""
+@dataclass(frozen=True)
+class TraceContext:
+    """What every step of one traced run shares."""
 
-    def __init__(self, tree: list[list[int]], parent: list[int], text_of: Callable[[int], str],
-                 writer: TraceWriter | None = None):
-        self.tree, self.parent, self.text_of, self.writer = tree, parent, text_of, writer
-        self.depth = [0] + [len(p) for p in tree]
+    tree: list[list[int]]  # the run's paths ([] for AR)
+    parent: list[int]  # per node, root first: its parent (-1 for the root)
+    token_text: Callable[[int], str]  # one token's text
+    batched: bool = False  # steps name their request
 
-    def record(self, step: int, prefix_len: int, res: StepResult, committed: list[int], step_ms: float,
-               request: int | None = None) -> dict:
-        """Everything the UI and the statistics need to replay one step. `committed`: the tokens the
-        output kept (res.tokens cut at EOS or the token limit)."""
-        text = self.text_of
+    @cached_property
+    def depth(self) -> list[int]:
+        return [0] + [len(p) for p in self.tree]
+
+
+@dataclass
+class StepEvent:
+    """One request's decoding step. Per-node lists are root first; the trace fields are None unless
+    the run is traced."""
+
+    tokens: list[int]  # committed this step, root first (cut at EOS / the token limit by the session)
+    accepted_nodes: list[int]  # tree nodes kept, root (0) first; [0] for an AR step
+    step: int = 0
+    text: str = ""  # exactly the text this step added: joined over a run, the run's text
+    step_ms: float = 0.0
+    done: bool = False
+    finish_reason: str | None = None  # "eos" | "length" on the last event
+    request: int = 0  # index of the prompt in a batch
+    prefix_len: int = 0  # committed tokens before the step, prompt included
+    node_tokens: list[int] | None = None  # candidates verified (AR: the token fed)
+    target_argmax: list[int] | None = None  # the target's choice after each node
+    target_argmax_prob: list[float] | None = None  # its probability at temperature 1
+    target_prob: list[float | None] | None = None  # the probability the target gave each node's token at its parent
+    accept_prob: list[float | None] | None = None  # the chance the run's rule keeps the node once its parent is kept
+    head_topk: list[list[tuple[int, float]]] = field(default_factory=list)  # per head: (token, prob) it drafted from
+    context: TraceContext | None = field(default=None, repr=False)  # set on traced runs
+
+    @cached_property
+    def trace(self) -> dict | None:
+        """The step's trace line (docs/trace-schema.md), or None when the run is not traced."""
+        return self.to_json() if self.context is not None else None
+
+    def to_json(self) -> dict:
+        run = self.context
+        text = run.token_text
         rec = {
-            "step": step,
-            "prefix_len": prefix_len,
-            "tree": self.tree,
-            "parent": self.parent,
-            "depth": self.depth,
-            "accepted_nodes": res.accepted_nodes,
-            "accepted_tokens": committed,
-            "accepted_text": "".join(text(t) for t in committed),
-            "step_ms": round(step_ms, 4),
+            "step": self.step,
+            "prefix_len": self.prefix_len,
+            "tree": run.tree,
+            "parent": run.parent,
+            "depth": run.depth,
+            "accepted_nodes": self.accepted_nodes,
+            "accepted_tokens": self.tokens,
+            "accepted_text": "".join(text(t) for t in self.tokens),
+            "step_ms": round(self.step_ms, 4),
+            "node_tokens": self.node_tokens,
+            "node_text": [text(t) for t in self.node_tokens],
+            "target_argmax": self.target_argmax,
+            "target_argmax_text": [text(t) for t in self.target_argmax],
+            "target_argmax_prob": self.target_argmax_prob,
+            "target_prob": self.target_prob,
+            "accept_prob": self.accept_prob,
         }
-        tr = res.trace
-        if tr is not None:
-            rec["node_tokens"] = tr.node_tokens
-            rec["node_text"] = [text(t) for t in tr.node_tokens]
-            rec["target_argmax"] = tr.target_argmax
-            rec["target_argmax_text"] = [text(t) for t in tr.target_argmax]
-            rec["target_argmax_prob"] = tr.target_argmax_prob
-            rec["target_prob"] = tr.target_prob
-            rec["accept_prob"] = tr.accept_prob
-            if tr.head_topk:
-                rec["head_topk"] = [[{"token": t, "text": text(t), "prob": p} for t, p in head] for head in tr.head_topk]
-        if request is not None:
-            rec["request"] = request
-        if self.writer is not None:
-            self.writer.write(rec)
+        if self.head_topk:
+            rec["head_topk"] = [[{"token": t, "text": text(t), "prob": p} for t, p in head] for head in self.head_topk]
+        if run.batched:
+            rec["request"] = self.request
         return rec
 
 

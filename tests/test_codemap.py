@@ -1,6 +1,7 @@
 """The README's code map lists every module with its layer, and the imports obey the layers:
 tools -> runtime only (the runtime never imports a tool), trees/ imports neither engine/ nor
-workbench/, workbench/ never imports torch or triton, and engine/ never imports workbench/."""
+workbench/, workbench/ never imports torch or triton, and engine/ never imports workbench/. The
+docs' references to code (`file.py::Name`, the app's flags) name what the code has."""
 
 import ast
 import re
@@ -99,3 +100,37 @@ def test_a_wrong_way_import_is_caught(path, layer, line):
     planted = read(path) + f"\n\ndef _planted():\n    {line}\n"
     got = violations(layers, lambda p: planted if p == path else read(p))
     assert got and all(g.startswith(path) for g in got), got
+
+
+def defined_names(source: str) -> set[str]:
+    tree = ast.parse(source)
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return names
+
+
+def test_every_code_reference_in_the_docs_names_something_there():
+    """`path.py::Name` in the README and docs/ points at a file that defines Name."""
+    docs = ["README.md"] + sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))
+    refs = [(doc, path, name) for doc in docs for path, name in re.findall(r"`([\w/.]+\.py)::(\w+)`", read(doc))]
+    assert len(refs) >= 5
+    missing = [f"{doc}: {path}::{name}" for doc, path, name in refs
+               if not (ROOT / path).exists() or name not in defined_names(read(path))]
+    assert missing == []
+
+
+def test_the_app_doc_names_the_apps_flags_and_backends():
+    """docs/app.md's command line lists real flags of `python app.py`, with every attention backend."""
+    import app
+    from engine.attention import BACKENDS
+
+    usage = re.search(r"`python app\.py ([^`]+)`", read("docs/app.md")).group(1)
+    flags = {a.option_strings[-1]: a for a in app.parser()._actions if a.option_strings}
+    named = re.findall(r"\[(--[\w-]+)(?: ([^\]]+))?\]", usage)
+    assert named and all(flag in flags for flag, _ in named), named
+    backend = dict(named)["--backend"]
+    assert backend.split("|") == list(BACKENDS) == list(flags["--backend"].choices)

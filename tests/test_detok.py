@@ -90,3 +90,67 @@ def test_streamed_text_equals_generated_text_on_non_ascii_prompts(demo_engine):
             assert [t for e in events for t in e.tokens] == res.token_ids
             split += sum("\ufffd" in demo_engine.tokenizer.decode([t]) for t in res.token_ids)
     assert split > 20  # the runs really wrote characters split across tokens
+
+
+# transformers 4.x's clean_up_tokenization, applied under clean_up_tokenization_spaces=True (5.x skips it for BPE)
+CLEANUP = [(" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
+           (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")]
+
+
+class CleaningTokenizer:
+    """A tokenizer whose decode cleans up spaces as transformers 4.x does when its
+    clean_up_tokenization_spaces is True, unless the caller says False."""
+
+    clean_up_tokenization_spaces = True
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def decode(self, ids, skip_special_tokens=False, clean_up_tokenization_spaces=None):
+        text = self.inner.decode(ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+        if self.clean_up_tokenization_spaces if clean_up_tokenization_spaces is None else clean_up_tokenization_spaces:
+            for a, b in CLEANUP:
+                text = text.replace(a, b)
+        return text
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_streaming_under_clean_up_tokenization_spaces_is_the_tokens_own_text(byte_level):
+    """With the clean-up on, "it '" decodes as is but "it 's" as "it's": a window that assumed the
+    first is a prefix of the second streamed "it ' ok". The stream is the tokens' own text."""
+    tok = CleaningTokenizer(byte_level)
+    text = "it 's ok , isn 't it ? I 'm sure . x = f(a , b) ! they 're here , we 've seen ' em"
+    ids = byte_level.encode(text)
+    assert tok.decode(ids) != text  # the clean-up really changes this text
+    rng = random.Random(1)
+    for _ in range(10):
+        assert "".join(_pieces(tok, ids, rng)) == text == byte_level.decode(ids)
+
+
+def test_engine_text_is_the_tokens_own_text_under_clean_up(demo_engine, monkeypatch):
+    monkeypatch.setattr(demo_engine, "tokenizer", CleaningTokenizer(demo_engine.tokenizer))
+    monkeypatch.setattr(demo_engine, "_token_text", {})
+    prompt = "names = ['a' , 'b' , 'c' , "
+    events = list(demo_engine.stream(prompt, 40, trace=True))
+    ids = [t for e in events for t in e.tokens]
+    own = demo_engine.tokenizer.inner.decode(ids)
+    assert " , " in own  # the model wrote what the clean-up rewrites
+    assert "".join(e.text for e in events) == demo_engine.text_of(ids) == own
+    assert all(e.trace["node_text"][0] == demo_engine.tokenizer.inner.decode([e.tokens[0]]) for e in events)  # traces too
+
+
+def test_a_run_that_ends_inside_a_character_streams_its_bytes_as_the_whole_decode(demo_engine):
+    """The token limit falls inside a character whose bytes span tokens: the last step's text must still
+    end with what decoding the whole output gives (the final flush), not drop it."""
+    prompt = 'a = "🙂🙂"\nb = "🙂🙂"\nc = "'
+    full = demo_engine.generate(prompt, 30, mode="ar").token_ids
+    split = [i for i, t in enumerate(full) if "\ufffd" in demo_engine.tokenizer.decode([t])]
+    assert split  # the model writes characters whose bytes span tokens here
+    cut = split[0] + 1  # stop right after the first partial token
+    for mode in ("ar", "medusa"):
+        events = list(demo_engine.stream(prompt, cut, mode=mode))
+        ids = [t for e in events for t in e.tokens]
+        assert ids == full[:cut] and "".join(e.text for e in events) == demo_engine.text_of(ids)
+        assert demo_engine.text_of(ids).endswith("\ufffd")

@@ -1,12 +1,17 @@
 """Parity: our decoder vs transformers, Medusa vs AR with drafts that are really accepted (oracle
 heads), the KV cache after long accepted paths, and the generation API's contract."""
 
+import json
+import re
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import VOCAB, make_hf_model, oracle_heads, oracle_steps, random_heads_sd
 
 import engine
 import trees
+from trees.estimate import step_start_values
 
 LAYOUTS = [("llama", 4, False), ("llama", 2, False), ("llama", 4, True), ("mistral", 1, False), ("qwen2", 2, True)]
 MAX_NEW = 40
@@ -146,6 +151,36 @@ def test_sampling_rules_at_zero_temperature_are_greedy_and_seeds_repeat(model_pa
     assert len(draws) > 1  # different seeds sample different texts
 
 
+def test_typical_runs_are_deterministic_without_a_seed_and_start_with_greedys_token(model_pair):
+    """Medusa's typical acceptance keeps every root greedy, the first one included: two unseeded runs at
+    T = 1.5 agree, their first token is greedy's, and typical AR is greedy AR. (A first token sampled at
+    T = 1.5 from this random model differs between runs or from greedy on some of 8 prompts.)"""
+    _, eng = model_pair
+    for s in range(8):
+        ids = prompt(100 + s)
+        runs = [eng.generate(ids, 10, mode="medusa", tree="mc_sim_7b_63", accept="typical", temperature=1.5).token_ids
+                for _ in range(2)]
+        greedy = eng.generate(ids, 10, mode="ar").token_ids
+        assert runs[0] == runs[1] and runs[0][0] == greedy[0], s
+        assert eng.generate(ids, 10, mode="ar", accept="typical", temperature=1.5).token_ids == greedy
+
+
+def test_typical_traces_record_the_rule_so_step_start_equals_what_each_step_kept(model_pair, tmp_path):
+    """Under top-k and top-p the typical rule still judges by softmax(logits / T) (Medusa's); the traced
+    accept_prob must be that rule's, so the step-start estimator on the run's own tree gives exactly
+    each step's kept count."""
+    _, eng = model_pair
+    f = tmp_path / "typical.jsonl"
+    for s, (top_k, top_p) in enumerate([(3, 1.0), (0, 0.5), (5, 0.8)]):
+        eng.generate(prompt(200 + s), 30, mode="medusa", tree="mc_sim_7b_63", accept="typical", temperature=0.9,
+                     top_k=top_k, top_p=top_p, trace_file=str(f))
+    runs = trees.read_runs(f)
+    assert len(runs) == 3 and all(r.acceptance == "typical" for r in runs)
+    for r in runs:
+        assert step_start_values(r.tree, r) == [float(a) for a in r.accepted]
+    assert any(a > 1 for r in runs for a in r.accepted)  # some steps kept drafted nodes
+
+
 def test_trace_records_the_step_with_parent_and_depth(model_pair, tmp_path):
     _, eng = model_pair
     f = tmp_path / "t.jsonl"
@@ -163,6 +198,29 @@ def test_trace_records_the_step_with_parent_and_depth(model_pair, tmp_path):
             if par >= 0:
                 assert t["accept_prob"][node] == float(tok == t["target_argmax"][par])
     assert sum(len(t["accepted_tokens"]) for t in res.traces) == 20
+
+
+def documented_step_fields() -> set[str]:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "trace-schema.md").read_text()
+    table = doc.split("## Step", 1)[1]
+    return {name for line in table.splitlines() if line.startswith("| `") for name in re.findall(r"`(\w+)`", line.split("|")[1])}
+
+
+def test_a_step_is_one_record_from_stream_to_file_with_the_documented_fields(model_pair, tmp_path):
+    """The streamed StepEvent's trace is its to_json(), the file holds that same line, and its keys are
+    exactly the fields docs/trace-schema.md lists (`request` only in a batch)."""
+    _, eng = model_pair
+    fields = documented_step_fields()
+    assert {"step", "accepted_tokens", "accept_prob", "head_topk", "request"} <= fields
+    f = tmp_path / "t.jsonl"
+    events = list(eng.stream(prompt(3), 15, mode="medusa", tree="mc_sim_7b_63", trace=True, trace_file=str(f)))
+    lines = [json.loads(line) for line in f.read_text().splitlines()[1:]]
+    assert lines == [json.loads(json.dumps(e.to_json())) for e in events] == [json.loads(json.dumps(e.trace)) for e in events]
+    assert all(set(line) == fields - {"request"} for line in lines)
+    assert [t for line in lines for t in line["accepted_tokens"]] == [t for e in events for t in e.tokens]
+    batch = eng.generate([prompt(3), prompt(4)], 10, mode="medusa", trace=True)
+    assert all(set(t) == fields and t["request"] == i for i, r in enumerate(batch) for t in r.traces)
+    assert list(eng.stream(prompt(3), 5))[0].trace is None  # untraced runs record no trace
 
 
 def test_stream_pieces_join_to_generate_text_and_tokens(model_pair):

@@ -151,3 +151,23 @@ def test_queued_steps_with_requests_finishing_at_different_steps(eager):
             break
     assert eng.generate(batch[2], 80, mode="medusa", tree="mc_sim_7b_63").token_ids == \
         eager.generate(batch[2], 80, mode="ar").token_ids
+
+
+def test_a_graph_is_captured_per_heads_object(tmp_path):
+    """The same tree, batch, span and tracing with other heads (oracle drafts after random ones) must
+    not replay the graph captured with the first heads: it would draft from their weights."""
+    from conftest import oracle_heads, oracle_steps
+
+    make_hf_model(tmp_path, "llama", n_kv=2, ctx=512)
+    eng = engine.load(tmp_path, heads=random_heads_sd(), device="cuda", dtype="float32", backend="triton")
+    p, tree = [1, 5, 9], "mc_sim_7b_63"
+    rank = lambda p, k: (p + 2 * k) % 3  # noqa: E731
+    oracle = oracle_heads(eng, [p], 90, 5, rank)
+    want = eng.generate(p, 90, mode="ar").token_ids
+    first = eng.generate(p, 90, mode="medusa", tree=tree)  # captured with the random heads
+    captured = eng.graphs.captures
+    eng.heads = oracle
+    second = eng.generate(p, 90, mode="medusa", tree=tree)
+    assert first.token_ids == second.token_ids == want
+    assert second.steps == oracle_steps(trees.resolve(tree), 90, 5, rank) < first.steps
+    assert eng.graphs.captures == captured + 1

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import engine
-import engine.decode as decode
+import engine.accept as accept
 
 V, N, PROMPT = 8, 2500, [1, 5, 2]
 
@@ -80,9 +80,9 @@ def test_biased_rule_fails_the_same_test(tiny, monkeypatch):
         children = {p: [i for i, q in enumerate(buf.parent.tolist()) if q == p] for p in range(buf.num_nodes)}
         while children[path[-1]]:
             path.append(children[path[-1]][0])
-        return path, decode.sample(probs[path[-1]], gen)
+        return path, accept.sample(probs[path[-1]], gen)
 
-    monkeypatch.setattr(decode, "verify_sample", biased)
+    monkeypatch.setattr(accept, "verify_sample", biased)
     probs = exact_joint(tiny, 1.0)
     stat, crit = chi_square(tiny, probs, 1.0)
     assert stat > crit, (stat, crit)

@@ -28,6 +28,8 @@ def test_interleaved_streams_in_one_thread_are_refused_not_mixed(demo_engine, so
         demo_engine.stream(PROMPTS[1], 48, **SETTINGS)
     with pytest.raises(EngineBusy):
         demo_engine.generate(PROMPTS[1], 48, **SETTINGS)
+    with pytest.raises(EngineBusy):  # the bulk path sets up its own cache too: it waits its turn like the rest
+        demo_engine.greedy_continuations([demo_engine.encode(PROMPTS[1])], 4)
     assert tokens_of(first + list(a)) == solo[PROMPTS[0]]  # the open stream was not disturbed
     b = demo_engine.stream(PROMPTS[1], 48, **SETTINGS)  # exhausted: the engine is free again
     assert tokens_of(b) == solo[PROMPTS[1]]

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 import trees
 from trees import TreeError
+from trees.estimate import step_start_values
 
 GOLDEN = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
 
@@ -325,3 +326,53 @@ def test_show_draws_every_node_under_its_parent():
         if len(p) > 1:
             parent = next(q for q in reversed(paths[:i]) if len(q) == len(p) - 1)
             assert parent == p[:-1]
+
+
+def test_the_node_limit_is_exactly_511():
+    wide = [[r] for r in range(trees.MAX_NODES + 1)]
+    assert trees.MAX_NODES == 511 and len(trees.validate(wide[:511], topk=1024)) == 511
+    with pytest.raises(trees.TreeError, match="more than 511 nodes"):
+        trees.validate(wide, topk=1024)
+
+
+def test_step_start_under_typical_is_the_longest_passing_path_not_a_sum():
+    """Typical acceptance may pass several siblings and keeps one path: a step's value is 1 + the depth of
+    the deepest node whose whole path passes (the sum of reach probabilities, right for greedy and
+    sample, would count the siblings too)."""
+    tree = [[0], [1], [0, 0]]
+    steps = [[None, 1.0, 1.0, 1.0],  # all pass: 1 + 2 (the sum would be 4)
+             [None, 0.0, 1.0, 1.0],  # (0) fails, so (0, 0) is not reached: 1 + 1 via (1)
+             [None, 0.0, 0.0, 1.0]]  # nothing reached: 1
+    run = trees.Run(header={"mode": "medusa", "acceptance": "typical"}, tokens=[[1, 2, 3], [4, 5], [6]],
+                    head_tokens=[[], [], []], accepted=[3, 2, 1], accept_prob=steps, tree=tree)
+    assert step_start_values(tree, run) == [3.0, 2.0, 1.0]
+    assert step_start_values([[0], [1]], run) == [2.0, 2.0, 1.0]  # a subtree of the run's tree
+    as_sample = trees.Run(header={"acceptance": "sample"}, tokens=run.tokens, head_tokens=run.head_tokens,
+                          accepted=run.accepted, accept_prob=steps, tree=tree)
+    assert step_start_values(tree, as_sample) == [4.0, 2.0, 1.0]
+
+
+def test_cross_validation_needs_two_prompts_and_says_so():
+    runs = _random_runs(6, n_runs=1)
+    with pytest.raises(ValueError, match="cross-validation needs at least 2 prompts, got 1"):
+        trees.cross_validate(runs, 4, "replay", folds=5, topk=3, max_depth=3)
+    cv = trees.cross_validate(_random_runs(6, n_runs=2), 4, "replay", folds=5, topk=3, max_depth=3)
+    assert cv["folds"] == 2 and len(cv["per_fold"]) == 2
+
+
+def test_export_show_and_resolve_check_ranks_against_the_files_own_topk(tmp_path, capsys):
+    """A schema-1 file with topk 20 and a rank-15 node is valid (`trees validate` says so); show and
+    export must accept it too, while the engine's topk of 10 still refuses it."""
+    from trees.__main__ import main
+
+    f = tmp_path / "wide.json"
+    trees.save_tree(trees.TreeFile([[0], [15], [15, 0]], num_heads=2, topk=20), f)
+    for cmd in (["validate", str(f)], ["show", str(f)], ["export", str(f), "--to", "trtllm"],
+                ["export", str(f), "--to", "vllm"]):
+        assert main(cmd) == 0, (cmd, capsys.readouterr().err)
+    assert "[[0],[15],[15,0]]" in capsys.readouterr().out
+    assert trees.resolve(str(f)) == [[0], [15], [15, 0]]
+    with pytest.raises(trees.TreeError, match=r"rank 15 is outside \[0, 10\)"):
+        trees.resolve(str(f), topk=10)
+    f.write_text(json.dumps({"schema_version": 1, "medusa_choices": [[0], [25]], "topk": 20}))
+    assert main(["show", str(f)]) == 2 and r"rank 25 is outside [0, 20)" in capsys.readouterr().err

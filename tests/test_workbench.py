@@ -3,6 +3,7 @@
 import contextlib
 import io
 import json
+import math
 import re
 import threading
 import time
@@ -181,15 +182,61 @@ def test_each_sessions_stop_ends_only_its_own_run(tabs, wb, demo_engine):
     assert not a.stop.is_set() and not b.stop.is_set()  # each run clears its own flag
 
 
-def test_streaming_is_throttled_not_resent(tabs, wb):
+class SteppedClock:
+    """The Decode tab's `time` module with a monotonic clock that moves `per_step` seconds per reading (the
+    decode loop reads it once per step), so throttling is tested without depending on the machine's
+    speed; everything else is the real module."""
+
+    def __init__(self, per_step: float):
+        self.now, self.per_step = 1024.0, per_step  # binary fractions: sums of readings are exact
+
+    def monotonic(self) -> float:
+        self.now += self.per_step
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+@pytest.mark.parametrize("per_step", [1 / 16, 1 / 4])
+def test_streaming_is_throttled_not_resent(tabs, wb, monkeypatch, per_step):
+    """Text updates come at most every THROTTLE_S, figure traces at most every FIGURE_S, plus the last
+    step's and the closing update; the text only grows at its end. At 1/16 s a step that is a text update
+    every 4th step and a figure every 16th; at 1/4 s a step (slower than the throttle) every step's text
+    and every 4th step's figure."""
+    from workbench.tabs import decode as decode_tab
+
+    monkeypatch.setattr(decode_tab, "time", SteppedClock(per_step))
     session = wb.sessions.get("throttle")
-    events = list(tabs.decode.decode(session, "def f(x):\n", "demo_tuned", "", "medusa", "greedy", 0.7, 1.0, 0, 400))
+    events = list(tabs.decode.decode(session, "def f(x):\n", "demo_tuned", "", "medusa", "greedy", 0.7, 1.0, 0, 200))
     steps = len(session.run.traces)
-    assert len(events) < steps  # at most five updates a second, not one per step
-    figs = [e for e in events if e.get("trace") is not None]
-    assert len(figs) <= len(events)
+    text_every, fig_every = math.ceil(decode_tab.THROTTLE_S / per_step), math.ceil(decode_tab.FIGURE_S / per_step)
+    assert steps > 2 * fig_every and events[-1]["done"]
+    streamed = events[:-1]  # the closing update repeats the final state
+    assert len(streamed) == len(range(0, steps - 1, text_every)) + 1  # every text_every-th step, and the last
+    figs = [e for e in streamed if e["trace"] is not None]
+    assert len(figs) == len(range(0, steps - 1, fig_every)) + 1
+    assert figs[-1]["trace"] is session.run.traces[-1] and events[-1]["trace"] is session.run.traces[-1]
+    assert [e["steps"] for e in figs[:-1]] == list(range(1, steps, fig_every))  # one figure a second, not more
     for a, b in zip(events, events[1:]):  # the text only grows at the end: Gradio sends the appended part
         assert b["html"].startswith(a["html"])
+
+
+def test_saved_runs_record_their_acceptance_rule(tabs, wb):
+    """The saved trace's header names the rule as the trace schema does (`acceptance`), so a typical run
+    reads back as typical (and the step-start estimator treats it as one)."""
+    session = wb.sessions.get("typical-saver")
+    events = list(tabs.decode.decode(session, "def f(x):\n", "mc_sim_7b_63", "", "medusa", "typical", 0.8, 1.0, 0, 30))
+    assert events[-1]["done"] and session.run.run_id
+    path = wb.store.run_dir(session.run.run_id) / "trace.jsonl"
+    (run,) = trees.read_runs(path)
+    assert run.acceptance == "typical" and run.mode == "medusa" and run.n_tokens == 30
+    lines = path.read_text().splitlines()
+    assert json.loads(lines[0])["acceptance"] == "typical"  # the schema's name, for every trace reader
+    # a run saved before the header said `acceptance` still reads as typical
+    header = {k: v for k, v in json.loads(lines[0]).items() if k != "acceptance"}
+    path.write_text("\n".join([json.dumps(header)] + lines[1:]) + "\n")
+    assert "accept" in header and trees.read_runs(path)[0].acceptance == "typical"
 
 
 def test_one_prediction_for_a_tree_everywhere_and_it_is_exact_on_its_own_prompts(tabs, wb, demo_engine):
@@ -290,3 +337,14 @@ def test_app_over_gradio_client_with_defaults(wb):
         assert client.predict("", api_name="/generate") == {"error": "the prompt is empty"}
     finally:
         app.close()
+
+
+def test_rule_comparison_has_a_row_per_registered_rule(tabs, wb):
+    from engine.accept import RULES
+
+    session = wb.sessions.get("rules")
+    rows, msg = tabs.compare.compare_rules(session, "chain_2", "", wb.prompt_set("pasted", "def f(x):", None, 1), 0.8, 1,
+                                           max_new_tokens=8)
+    assert [r[0] for r in rows] == [*RULES, "AR vs AR"] and "T = 0.8" in msg
+    assert [r[1] for r in rows[:-1]] == [rule.lossless for rule in RULES.values()]
+    assert all(r[2] >= 1 for r in rows[:-1]) and all(0 <= r[3] <= 1 for r in rows)

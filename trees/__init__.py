@@ -16,6 +16,7 @@ from .estimate import (
     path_probability,
 )
 from .io import (
+    DEFAULT_TOPK,
     JsonInputError,
     OutputPathError,
     TreeFile,
@@ -51,8 +52,8 @@ from .tree import MAX_DEPTH, MAX_NODES, MAX_TOPK, TreeError, sort_paths, validat
 def resolve(tree: object, topk: int | None = None, num_heads: int | None = None) -> list[list[int]]:
     """A preset name, a JSON file, inline JSON text, a schema-1 dict or a list of paths -> validated
     paths (None: the default tree). Files and dicts are checked against their own topk and
-    num_heads first, then everything against the caller's; topk=None: the tree's own (10 unless its
-    file says), so every `trees` command accepts what `trees validate` accepts."""
+    num_heads first, then everything against the caller's: `topk` None keeps the tree's own (a
+    file's `topk`, 10 for a bare list or a preset), as `trees validate` does; the engine passes its own."""
     import os
 
     if tree is None:
@@ -62,21 +63,24 @@ def resolve(tree: object, topk: int | None = None, num_heads: int | None = None)
             tree = parse_json(tree, "tree")
         except JsonInputError as e:
             raise TreeError(str(e)) from None
+    own = DEFAULT_TOPK
     if isinstance(tree, (str, os.PathLike)):
         s = os.fspath(tree)
-        tree = load_tree(s) if s.endswith(".json") or os.path.sep in s or os.path.exists(s) else preset(s)
-    elif isinstance(tree, dict):
-        tree = parse_tree(tree)
-    own_topk = 10
-    if isinstance(tree, TreeFile):
-        tree, own_topk = tree.medusa_choices, tree.topk
-    return [list(p) for p in validate(tree, topk=own_topk if topk is None else topk, num_heads=num_heads)]
+        if s.endswith(".json") or os.path.sep in s or os.path.exists(s):
+            tf = load_tree(s)
+            tree, own = tf.medusa_choices, tf.topk
+        else:
+            tree = preset(s)
+    elif isinstance(tree, (dict, TreeFile)):
+        tf = parse_tree(tree) if isinstance(tree, dict) else tree
+        tree, own = tf.medusa_choices, tf.topk
+    return [list(p) for p in validate(tree, topk=own if topk is None else topk, num_heads=num_heads)]
 
 
 __all__ = [
-    "DEFAULT_TREE", "ESTIMATORS", "MAX_DEPTH", "MAX_NODES", "MAX_TOPK", "Estimate", "HeadStats", "JsonInputError",
+    "DEFAULT_TOPK", "DEFAULT_TREE", "ESTIMATORS", "MAX_DEPTH", "MAX_NODES", "MAX_TOPK", "Estimate", "HeadStats", "JsonInputError",
     "OutputPathError", "Replay", "Run", "SizeChoice", "TraceError", "TreeBuffers", "TreeError", "TreeFile",
-    "ar_runs", "best_tree", "check_output_file", "best_tree_independent", "best_tree_position", "buffers", "chain", "cross_validate",
+    "ar_runs", "best_tree", "best_tree_independent", "best_tree_position", "buffers", "chain", "check_output_file", "cross_validate",
     "diff", "estimate", "expected_independent", "expected_position", "expected_replay", "expected_step_start",
     "from_counts", "head_stats", "kary", "latency_points", "load_tree", "names", "open_for_reading", "optimize_replay",
     "pack_mask_bits", "parse_json", "parse_tree", "path_probability", "preset", "rank_vectors", "read_json_file",

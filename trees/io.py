@@ -22,6 +22,7 @@ from typing import IO
 from .tree import MAX_DEPTH, MAX_NODES, MAX_TOPK, TreeError, as_lists, depth, validate
 
 SCHEMA_VERSION = 1
+DEFAULT_TOPK = 10  # a tree's topk when its file does not say (Medusa's)
 MAX_JSON_BYTES = 16 * 2**20  # tree, trace-line, latency and config files are far smaller
 
 
@@ -124,7 +125,7 @@ class TreeFile:
 
     medusa_choices: list[list[int]]
     num_heads: int | None = None
-    topk: int = 10
+    topk: int = DEFAULT_TOPK
     name: str = ""
     expected_accepted: float | None = None
     estimator: str = ""
@@ -159,7 +160,7 @@ def parse_tree(obj: object, *, where: str = "tree") -> TreeFile:
         raise TreeError(f"{where}: schema_version {version!r} is not supported (expected {SCHEMA_VERSION})")
     if "medusa_choices" not in obj:
         raise TreeError(f"{where}: missing 'medusa_choices'")
-    topk = obj.get("topk", 10)
+    topk = obj.get("topk", DEFAULT_TOPK)
     num_heads = obj.get("num_heads")
     if not isinstance(topk, int) or isinstance(topk, bool):
         raise TreeError(f"{where}: 'topk' must be an integer")
@@ -235,8 +236,8 @@ def save_tree(tree: TreeFile | Sequence[Sequence[int]], path: str | os.PathLike,
 
 
 def to_trtllm(choices: Sequence[Sequence[int]]) -> str:
-    """TensorRT-LLM takes `medusa_choices` as a list of lists (its `--medusa_choices` string). Ranks
-    were checked against the tree's own topk where it was read."""
+    """TensorRT-LLM takes `medusa_choices` as a list of lists (its `--medusa_choices` string). Exports
+    check the tree's shape only: its ranks were checked against its own topk when it was read."""
     return json.dumps(as_lists(validate(choices, topk=MAX_TOPK))).replace(" ", "")
 
 

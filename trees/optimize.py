@@ -149,6 +149,8 @@ def cross_validate(runs: Sequence[Run], nodes: int, method: str = "replay", fold
     """k-fold over runs (prompts): tune on k-1 folds, replay the tree on the held-out fold. Pooled
     held-out tokens/step beside the in-sample figure of a tree tuned on every run."""
     runs = [r for r in runs if r.n_tokens]
+    if len(runs) < 2:  # with one, a fold would hold out nothing (or tune on nothing)
+        raise ValueError(f"cross-validation needs at least 2 prompts, got {len(runs)}")
     folds = max(2, min(folds, len(runs)))
     order = list(range(len(runs)))
     random.Random(seed).shuffle(order)

@@ -54,7 +54,8 @@ class Run:
 
     @property
     def acceptance(self) -> str:
-        return self.header.get("acceptance", "greedy")
+        # runs saved by older versions of the app name it `accept`, not the schema's `acceptance`
+        return self.header.get("acceptance") or self.header.get("accept") or "greedy"
 
     @property
     def vectors(self) -> list[RankVector]:

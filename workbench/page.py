@@ -12,10 +12,14 @@ from collections.abc import Callable
 
 import gradio as gr
 
+from engine.accept import RULES
+
 from .core import Workbench
 
 ENGINE_QUEUE = "engine"  # every event that decodes shares this concurrency group of one
 PRIVATE = dict(api_visibility="private")
+# the acceptance radios list the registry (engine.accept.RULES), so a rule added there appears in every tab
+ACCEPT_CHOICES = [(rule.label, name) for name, rule in RULES.items()]  # (label shown, value sent)
 
 
 def sid(request: gr.Request | None) -> str:

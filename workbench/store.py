@@ -95,7 +95,8 @@ class Store:
         StoreError (and nothing on disk) when it cannot be written."""
         run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
         tmp = self.staging / run_id
-        header = {"type": "header", "schema_version": 1, **settings}
+        # the trace schema's header (docs/trace-schema.md) names the rule `acceptance`; the settings say `accept`
+        header = {"type": "header", "schema_version": 1, "acceptance": settings.get("accept"), **settings}
         lines = [json.dumps(header, ensure_ascii=False)] + [json.dumps(t, ensure_ascii=False) for t in traces]
         tokens = sum(len(t["accepted_tokens"]) for t in traces)
         summary = {"id": run_id, "created": time.strftime("%Y-%m-%d %H:%M:%S"), "settings": settings, "text": text,

@@ -6,6 +6,7 @@ modes times them round-robin over prompts and rounds.
              generate on the same prompts; greedy Medusa output checked equal to AR's (bench/e2e.py)
   batch      AR and Medusa at several batch sizes and tree sizes (bench/batch.py)
   latency    mean step time per tree size from real runs: `trees optimize --latency` (bench/latency.py)
+  parity     our greedy output against `transformers` on the same weights, divergences judged (bench/parity.py)
   step       (CUDA) one step at 7B/8B shapes against the weight-read floor (bench/step.py)
   attention  (CUDA) our tree-attention kernel against SDPA and flex_attention (bench/attention.py)
 """
@@ -32,10 +33,10 @@ def _list(text: str) -> list[int]:
 
 
 def add_bench_arguments(p) -> None:
-    p.add_argument("--part", choices=["e2e", "batch", "latency", "attention", "step"], default="e2e")
+    p.add_argument("--part", choices=["e2e", "batch", "latency", "parity", "attention", "step"], default="e2e")
     add_model_arguments(p)
     add_prompt_set_arguments(p, count=12, offset=12)
-    add_generation_arguments(p, exclude=("mode", "tree", "trace_file", "chat"))
+    add_generation_arguments(p, exclude=("mode", "tree", "trace_file"))
     p.add_argument("--trees", default="demo_tuned,chain_4,mc_sim_7b_63", help="e2e: comma-separated presets or files")
     p.add_argument("--rounds", type=positive_int, default=3, help="e2e/latency: round-robin repeats")
     p.add_argument("--no-transformers", action="store_true", help="e2e: leave out the transformers peer")
@@ -96,14 +97,18 @@ def run_bench(a) -> int:
     cfg = config_from_arguments(a)
     eng = load_from_arguments(a)
     texts = [p.text for p in prompt_set(a.prompts_file, a.prompts, a.offset, a.default_prompts)]
-    prompts, cut = fit_prompts(eng, texts, cfg.max_new_tokens)
+    prompts, cut = fit_prompts(eng, texts, cfg.max_new_tokens, eng.resolved(cfg).chat)
     result = {"part": a.part, "model": a.model, **env(eng), "prompts": len(prompts), "prompts_cut_to_fit": cut,
               "prompts_file": a.prompts_file, "max_new_tokens": cfg.max_new_tokens, "stop_on_eos": cfg.stop_on_eos,
-              "accept": cfg.accept}
-    if a.part == "e2e":
+              "accept": cfg.accept, "chat": eng.resolved(cfg).chat}
+    if a.part == "parity":
+        from .parity import run_parity
+
+        result.update(run_parity(eng, prompts, cfg.max_new_tokens, cfg.stop_on_eos))
+    elif a.part == "e2e":
         from .e2e import run_e2e
 
-        result.update(run_e2e(eng, a.model, prompts, cfg, [t for t in a.trees.split(",") if t], a.rounds,
+        result.update(run_e2e(eng, prompts, cfg, [t for t in a.trees.split(",") if t], a.rounds,
                               not a.no_transformers, a.traced))
     elif a.part == "batch":
         from .batch import run_batch

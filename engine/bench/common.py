@@ -124,11 +124,11 @@ def copy_bandwidth(nbytes: int = 2 << 30) -> float:
     return 2 * x.numel() / (ms * 1e-3)
 
 
-def fit_prompts(eng, prompts: Sequence[str], max_new: int) -> tuple[list[list[int]], int]:
-    """Prompts as token ids, each cut to its last (context - max_new) tokens so a long run fits.
-    -> (ids, how many were cut)."""
+def fit_prompts(eng, prompts: Sequence[str], max_new: int, chat: bool = False) -> tuple[list[list[int]], int]:
+    """Prompts as token ids (in the chat template when `chat`), each cut to its last (context - max_new)
+    tokens so a long run fits. -> (ids, how many were cut)."""
     room = eng.max_seq_len - max_new
     if room < 1:
         raise ValueError(f"--max-new-tokens {max_new} leaves no room for a prompt in the context of {eng.max_seq_len}")
-    ids = [eng.encode(p) for p in prompts]
+    ids = [eng.encode(p, chat=chat) for p in prompts]
     return [i[-room:] for i in ids], sum(len(i) > room for i in ids)

@@ -21,14 +21,12 @@ def distinct_ngram_ratio(ids: list[int], n: int) -> float:
     return len(set(grams)) / len(grams)
 
 
-def transformers_runner(eng, model: str, max_new: int, stop_on_eos: bool):
+def transformers_runner(eng, max_new: int, stop_on_eos: bool):
     """The peer: `transformers` greedy generate on the same weights, device and dtype."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ..loading import resolve_model_dir
-
-    hf = AutoModelForCausalLM.from_pretrained(str(resolve_model_dir(model)), dtype=eng.model.embed_tokens.weight.dtype,
+    hf = AutoModelForCausalLM.from_pretrained(str(eng.model_dir), dtype=eng.model.embed_tokens.weight.dtype,
                                               local_files_only=True).to(eng.device).eval()
     eos = sorted(eng.eos_ids) if stop_on_eos else None
 
@@ -73,7 +71,7 @@ def summarise(res: dict[str, dict], eng, tree_names: list[str], greedy: bool = T
     return out
 
 
-def run_e2e(eng, model: str, prompts: list[list[int]], cfg: GenerationConfig, tree_names: list[str], rounds: int,
+def run_e2e(eng, prompts: list[list[int]], cfg: GenerationConfig, tree_names: list[str], rounds: int,
             with_transformers: bool = True, traced: bool = False) -> dict:
     ar_cfg = cfg.replace(mode="ar")
     runners = {"ar": engine_runner(eng, ar_cfg)}
@@ -84,7 +82,7 @@ def run_e2e(eng, model: str, prompts: list[list[int]], cfg: GenerationConfig, tr
         for name in tree_names:
             runners[f"medusa:{name} traced"] = engine_runner(eng, cfg.replace(mode="medusa", tree=name, trace=True))
     if with_transformers:
-        runners["transformers"] = transformers_runner(eng, model, cfg.max_new_tokens, cfg.stop_on_eos)
+        runners["transformers"] = transformers_runner(eng, cfg.max_new_tokens, cfg.stop_on_eos)
     warm_up(runners, prompts)
     res = round_robin(runners, prompts, rounds, device_sync(eng))
     out = {"rounds": rounds, **summarise(res, eng, tree_names, cfg.accept == "greedy")}

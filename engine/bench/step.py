@@ -10,6 +10,7 @@ import functools
 
 import trees
 
+from ..accept import RULES
 from ..config import ModelArgs
 from ..decode import ar_step, prefill, tree_step
 from ..graphs import GREEDY, StepGraphs
@@ -75,7 +76,7 @@ def run_step(shapes: list[str], prefix: int, backend: str) -> dict:
                     if graphs is not None:
                         return graphs.step(heads if n else None, buf, choices, state)
                     if n:
-                        return tree_step(model, heads, buf, state, "greedy", GREEDY, None)
+                        return tree_step(model, heads, buf, state, RULES["greedy"], GREEDY, None)
                     return ar_step(model, None, state, GREEDY, None)
 
                 row[f"{key}{variant}_ms"] = round(cuda_ms(step), 3)

@@ -28,11 +28,20 @@ from ..heads import MedusaHeads
 from ..loading import build_model
 from ..model import Transformer
 from .data import get_batch
-from .heads import head_loss
+from .heads import DECAY
 
 DEMO_SHAPE = dict(vocab_size=8192, dim=384, n_layers=5, n_heads=6, n_kv_heads=2, head_dim=64,
                   intermediate_size=896, norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=1024,
                   tie_word_embeddings=True)
+
+
+def future_loss(heads: MedusaHeads, model: Transformer, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """sum_k 0.8^k CE of head k predicting the token at t+k+2 (targets[:, t] is the token at t+1).
+    Unchunked, with gradients into the base: the demo's vocabulary of 8,192 keeps the logits small."""
+    k = heads.num_heads
+    t = hidden.shape[1] - k - 1  # positions with a label for every head
+    logits = heads(hidden[:, :t].flatten(0, 1), model.lm_head.weight)  # [K, B*t, V]
+    return sum(DECAY**i * F.cross_entropy(logits[i].float(), targets[:, i + 1 : i + 1 + t].flatten()) for i in range(k))
 
 
 def hf_config(args: ModelArgs, eos_token_id: int) -> dict:
@@ -112,7 +121,7 @@ def train_base(data_dir: str | Path, out_dir: str | Path, minutes: float = 5.0, 
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             h = model(x, positions, use_cache=False)
             loss = F.cross_entropy(model.lm_head(h).float().flatten(0, 1), y.flatten())
-            future = head_loss(aux, model, h, y)[0] if aux is not None else None
+            future = future_loss(aux, model, h, y) if aux is not None else None
         opt.zero_grad(set_to_none=True)
         (loss if future is None else loss + future_weight * future).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

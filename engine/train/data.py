@@ -1,7 +1,10 @@
-"""Training data: token files or text, and random batches of them (one batcher for both trainers)."""
+"""Training data: token files or text (random windows for the base trainer) and `Sequences`, the
+heads' data: token sequences with the position where each one's model-written part begins (a
+self-distillation folder, or plain text cut into windows)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,10 +41,16 @@ def read_training_tokens(data: str | Path, model_dir: Path, vocab_size: int) -> 
             if tok.eos_token_id is not None:
                 ids.append(tok.eos_token_id)
         tokens = np.asarray(ids, dtype=np.int64)
+    check_vocabulary(tokens, vocab_size, str(p))
+    return tokens
+
+
+def check_vocabulary(tokens: np.ndarray, vocab_size: int, where: str) -> None:
+    """Refuse an id outside [0, vocab_size): past the embedding table it is a crash deep inside the
+    model (or a silently wrong row on some devices), not an error naming the file."""
     bad = tokens[(tokens < 0) | (tokens >= vocab_size)]
     if bad.size:
-        raise ValueError(f"{p}: token id {int(bad[0])} is outside the model's vocabulary [0, {vocab_size})")
-    return tokens
+        raise ValueError(f"{where}: token id {int(bad[0])} is outside the model's vocabulary [0, {vocab_size})")
 
 
 def _open(path: Path):
@@ -52,10 +61,100 @@ def _open(path: Path):
 
 
 def get_batch(tokens: np.ndarray, batch: int, seq: int, device, rng):
-    """Random windows of a flat token stream, or random rows of a [N, seq+1] array of sequences."""
-    if tokens.ndim == 2:
-        x = torch.from_numpy(tokens[rng.integers(0, len(tokens), size=batch)]).to(device)
-    else:
-        starts = rng.integers(0, len(tokens) - seq - 1, size=batch)
-        x = torch.from_numpy(np.stack([tokens[s : s + seq + 1] for s in starts]).astype(np.int64)).to(device)
+    """Random windows of a flat token stream -> (inputs, next-token targets), each [batch, seq]."""
+    starts = rng.integers(0, len(tokens) - seq - 1, size=batch)
+    x = torch.from_numpy(np.stack([tokens[s : s + seq + 1] for s in starts]).astype(np.int64)).to(device)
     return x[:, :-1], x[:, 1:]
+
+
+@dataclass
+class Sequences:
+    """Token sequences and where each one's model-written part begins (0: all of it counts)."""
+
+    tokens: np.ndarray  # flat int64
+    offsets: np.ndarray  # [n + 1]
+    answer_start: np.ndarray  # [n], relative to each sequence's start
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def get(self, i: int) -> np.ndarray:
+        return self.tokens[self.offsets[i] : self.offsets[i + 1]]
+
+    def answer_tokens(self) -> int:
+        return int((self.lengths() - self.answer_start).sum())
+
+    def first(self, answer_tokens: int) -> Sequences:
+        """The leading sequences that hold (at least) this many model-written tokens: smaller data sets
+        of one distillation run, for a scaling curve."""
+        written = np.cumsum(self.lengths() - self.answer_start)
+        n = int(np.searchsorted(written, answer_tokens)) + 1
+        return self.subset(np.arange(min(n, len(self))))
+
+    def split(self, every: int) -> tuple[Sequences, Sequences]:
+        """(the rest, every `every`-th sequence): a held-out part for data without one."""
+        held = np.arange(len(self)) % every == every - 1
+        return self.subset(np.flatnonzero(~held)), self.subset(np.flatnonzero(held))
+
+    def subset(self, idx: np.ndarray) -> Sequences:
+        parts = [self.get(int(i)) for i in idx]
+        lens = np.array([len(p) for p in parts], dtype=np.int64)
+        return Sequences(np.concatenate(parts) if parts else np.zeros(0, np.int64),
+                         np.concatenate(([0], np.cumsum(lens))), self.answer_start[idx])
+
+    @classmethod
+    def from_list(cls, seqs: list[list[int]], starts: list[int]) -> Sequences:
+        lens = np.array([len(s) for s in seqs], dtype=np.int64)
+        flat = np.fromiter((t for s in seqs for t in s), dtype=np.int64, count=int(lens.sum()))
+        return cls(flat, np.concatenate(([0], np.cumsum(lens))), np.array(starts, dtype=np.int64))
+
+    @classmethod
+    def windows(cls, stream: np.ndarray, length: int) -> Sequences:
+        """A flat token stream cut into sequences of `length` tokens (one sequence when it is shorter),
+        every position model-written."""
+        length = min(length, len(stream))
+        n = len(stream) // length if length else 0
+        return cls(stream[: n * length].astype(np.int64), np.arange(n + 1, dtype=np.int64) * length,
+                   np.zeros(n, dtype=np.int64))
+
+
+def write_shard(folder: Path, index: int, seqs: Sequences) -> Path:
+    """One shard of a self-distillation folder, written under a temporary name and renamed."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"shard-{index:05d}.npz"
+    tmp = folder / f".shard-{index:05d}.tmp.npz"
+    dtype = np.uint16 if seqs.tokens.size == 0 or seqs.tokens.max() < 2**16 else np.uint32
+    np.savez_compressed(tmp, tokens=seqs.tokens.astype(dtype), offsets=seqs.offsets, answer_start=seqs.answer_start)
+    tmp.replace(path)
+    return path
+
+
+def read_distilled(folder: str | Path) -> Sequences:
+    """Every shard of a self-distillation folder, in order (regular files only: a FIFO would block)."""
+    shards = sorted(Path(folder).glob("shard-*.npz"))
+    if not shards:
+        raise ValueError(f"{folder}: no shard-*.npz files (not a self-distillation folder)")
+    tokens, offsets, starts, base = [], [np.zeros(1, np.int64)], [], 0
+    for f in shards:
+        with _open(f) as fh, np.load(fh) as z:
+            tokens.append(z["tokens"].astype(np.int64))
+            offsets.append(z["offsets"][1:].astype(np.int64) + base)
+            starts.append(z["answer_start"].astype(np.int64))
+            base += len(tokens[-1])
+    return Sequences(np.concatenate(tokens), np.concatenate(offsets), np.concatenate(starts))
+
+
+def read_sequences(data: str | Path, model_dir: Path, window: int, vocab_size: int) -> Sequences:
+    """A self-distillation folder (shard-*.npz) as it is, or a token/text file cut into windows of
+    `window` tokens (every position model-written: plain text has no prompt part); either way every
+    id is checked against vocab_size."""
+    p = Path(data)
+    if p.is_dir() and any(p.glob("shard-*.npz")):
+        seqs = read_distilled(p)
+        check_vocabulary(seqs.tokens, vocab_size, str(p))
+        return seqs
+    return Sequences.windows(read_training_tokens(p, model_dir, vocab_size), window)

@@ -1,15 +1,27 @@
 """Train Medusa heads on a frozen base model (Medusa-1), one readable loop.
 
-Head k at position t learns the token at t+k+2 (the base lm_head predicts t+1); losses are weighted
-0.8^k as in Medusa. The base runs under no_grad, so only the heads' parameters get gradients.
-Outputs load with `engine.load(..., heads=PATH)`; with private projections the file uses the
-FasterDecoding key layout, so it loads in their code too.
+Head k at position t learns the token at t+k+2 (the base lm_head predicts t+1), only where that token
+was written by the model (a self-distilled answer; every position of plain text), with losses
+weighted 0.8^k as in Medusa. The base runs under no_grad in the training dtype; only the heads learn.
+
+Scale: a real vocabulary makes the logits the whole cost (49,152 x 576 per head and token for
+SmolLM2), and [heads, tokens, vocab] logits of one batch would not fit. `chunked_head_loss` runs the
+heads' ResBlocks once, then projects, scores and back-propagates `chunk` positions at a time into
+the ResBlock outputs, so at most [chunk, vocab] logits exist at once; the ResBlocks then get their
+gradient in one backward. The result equals the unchunked loss and gradient (tested).
+
+Schedule: linear warm-up over the first `warmup` fraction of the run, then cosine decay to 10 %.
+The run's length is its epochs, or with `minutes` a wall-clock budget: the schedule then follows the
+fraction of the budget spent and the loop stops when it is spent, so a budgeted run ends decayed.
+Checkpoints (OUT.ckpt.pt: heads, optimiser, position in the data, training seconds, history) are
+written every `checkpoint_minutes`, at the end and on SIGTERM/SIGINT; the same command resumes.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import signal
 import sys
 import time
 from pathlib import Path
@@ -22,81 +34,135 @@ from safetensors.torch import save_file
 from ..heads import MedusaHeads
 from ..loading import load_base, resolve_model_dir
 from ..model import Transformer
-from .data import get_batch, read_training_tokens
+from .data import Sequences, check_vocabulary
 
 DECAY = 0.8
+IGNORE = -100
+CHUNK = 8192  # positions whose logits exist at once in the loss
 
 
-def head_loss(heads: MedusaHeads, base: Transformer, hidden: torch.Tensor, targets: torch.Tensor):
-    """hidden [B, T, d], targets [B, T] (targets[:, t] = token at t+1) -> (loss, per-head logits, labels)."""
-    k = heads.num_heads
-    t = hidden.shape[1] - k - 1  # positions with a label for every head
-    h = hidden[:, :t].flatten(0, 1)
-    logits = heads(h, base.lm_head.weight)  # [K, B*t, V]
-    labels = torch.stack([targets[:, i + 1 : i + 1 + t].flatten() for i in range(k)])  # head i: token at t+i+2
-    losses = [F.cross_entropy(logits[i].float(), labels[i]) for i in range(k)]
-    return sum(DECAY**i * loss for i, loss in enumerate(losses)), logits, labels, losses
+def batches(seqs: Sequences, batch_tokens: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """One epoch's batches of sequence indices: shuffled, then sorted by length within windows of
+    ~50 batches so each batch pads little, each batch at most `batch_tokens` padded tokens."""
+    order = rng.permutation(len(seqs))
+    lens = seqs.lengths()
+    per_window = max(1, 50 * batch_tokens // max(int(lens.mean()), 1))
+    out = []
+    for lo in range(0, len(order), per_window):
+        window = order[lo : lo + per_window]
+        window = window[np.argsort(lens[window], kind="stable")]
+        cur: list[int] = []
+        longest = 0
+        for i in window:
+            longest_if = max(longest, int(lens[i]))
+            if cur and longest_if * (len(cur) + 1) > batch_tokens:
+                out.append(np.array(cur))
+                cur, longest_if = [], int(lens[i])
+            cur.append(int(i))
+            longest = longest_if
+        if cur:
+            out.append(np.array(cur))
+    rng.shuffle(out)
+    return out
+
+
+def make_batch(seqs: Sequences, idx: np.ndarray, max_len: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> tokens [B, L] (right-padded with 0), lengths [B], answer starts [B]; sequences longer than
+    max_len keep their first max_len tokens."""
+    lens = np.minimum(seqs.lengths()[idx], max_len)
+    x = np.zeros((len(idx), int(lens.max())), dtype=np.int64)
+    for r, i in enumerate(idx):
+        x[r, : lens[r]] = seqs.get(int(i))[: lens[r]]
+    return (torch.from_numpy(x).to(device), torch.from_numpy(lens).to(device),
+            torch.from_numpy(seqs.answer_start[idx]).to(device))
+
+
+def head_targets(tokens: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, num_heads: int):
+    """Which positions train the heads, and each head's label there.
+
+    Position t counts when t >= answer_start - 1 (its hidden state is one the heads see at decode
+    time: the last prompt token or a generated one) and head 0 has a label (t + 2 < length).
+    -> (flat indices into [B, L] of those positions, labels [K, N] with IGNORE past a sequence's end)."""
+    b, seq_len = tokens.shape
+    t = torch.arange(seq_len, device=tokens.device)[None]
+    use = (t >= starts[:, None] - 1) & (t + 2 < lengths[:, None])
+    rows, cols = use.nonzero(as_tuple=True)
+    labels = []
+    for k in range(num_heads):
+        j = cols + k + 2
+        ok = j < lengths[rows]
+        labels.append(torch.where(ok, tokens[rows, j.clamp(max=seq_len - 1)], IGNORE))
+    return rows * seq_len + cols, torch.stack(labels)
+
+
+def chunked_head_loss(heads: MedusaHeads, lm_head: torch.Tensor, hidden: torch.Tensor, labels: torch.Tensor,
+                      chunk: int = CHUNK, train: bool = True) -> tuple[float, list[float], torch.Tensor, torch.Tensor]:
+    """Medusa's loss sum_k 0.8^k CE_k over hidden [N, d] and labels [K, N], back-propagated into the
+    heads when `train`, never holding more than [chunk, V] logits.
+    -> (loss, per-head losses, per-head top-1 hits [K], per-head top-5 hits [K]); counts: labels != IGNORE."""
+    feats = heads.hidden(hidden)  # [K, N, d] (the ResBlocks, with their graph)
+    work = feats.detach().requires_grad_(train)
+    k_heads, n = labels.shape
+    counts = (labels != IGNORE).sum(-1).clamp(min=1)
+    losses = torch.zeros(k_heads, device=hidden.device)
+    top1 = torch.zeros(k_heads, device=hidden.device)
+    top5 = torch.zeros(k_heads, device=hidden.device)
+    for k in range(k_heads):
+        for lo in range(0, n, chunk):
+            y = labels[k, lo : lo + chunk]
+            with torch.set_grad_enabled(train):
+                logits = (work[k, lo : lo + chunk] @ lm_head.t()).float()  # [chunk, V]
+                ce = F.cross_entropy(logits, y, ignore_index=IGNORE, reduction="sum") / counts[k]
+                if train:
+                    (DECAY**k * ce).backward()
+            with torch.no_grad():
+                losses[k] += ce.detach()
+                best = logits.detach().topk(5, dim=-1).indices
+                valid = y != IGNORE
+                top1[k] += ((best[:, 0] == y) & valid).sum()
+                top5[k] += ((best == y[:, None]).any(-1) & valid).sum()
+    if train:
+        feats.backward(work.grad)
+    total = sum(DECAY**k * float(losses[k]) for k in range(k_heads))
+    return total, losses.tolist(), top1, top5
+
+
+def forward_hidden(base: Transformer, tokens: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return base(tokens, torch.arange(tokens.shape[1], device=tokens.device), use_cache=False)
 
 
 @torch.no_grad()
-def evaluate_heads(heads, base, tokens: np.ndarray, seq: int, batch: int, device, n_batches: int = 4) -> list[dict]:
-    """Held-out top-1 and top-5 accuracy per head."""
+def evaluate_heads(heads: MedusaHeads, base: Transformer, seqs: Sequences, batch_tokens: int, max_len: int,
+                   device, max_positions: int = 200_000) -> list[dict]:
+    """Held-out top-1 and top-5 accuracy per head (positions as in training, at most max_positions)."""
     rng = np.random.default_rng(99)
-    total = 0
-    per1 = per5 = None
-    for _ in range(n_batches):
-        x, y = get_batch(tokens, batch, seq, device, rng)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            hidden = base(x, torch.arange(seq, device=device), use_cache=False)
-            _, logits, labels, _ = head_loss(heads, base, hidden, y)
-        top5 = logits.topk(5, dim=-1).indices
-        h1 = (top5[..., 0] == labels).float().sum(-1)
-        h5 = (top5 == labels[..., None]).any(-1).float().sum(-1)
-        per1 = h1 if per1 is None else per1 + h1
-        per5 = h5 if per5 is None else per5 + h5
-        total += labels.shape[1]
-    return [{"head": i, "top1": float(per1[i]) / total, "top5": float(per5[i]) / total} for i in range(heads.num_heads)]
+    k = heads.num_heads
+    hits1 = torch.zeros(k, device=device)
+    hits5 = torch.zeros(k, device=device)
+    total = torch.zeros(k, device=device)
+    for idx in batches(seqs, batch_tokens, rng):
+        x, lens, starts = make_batch(seqs, idx, max_len, device)
+        pos, labels = head_targets(x, lens, starts, k)
+        hidden = forward_hidden(base, x).flatten(0, 1)[pos]
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=hidden.dtype == torch.bfloat16):
+            _, _, t1, t5 = chunked_head_loss(heads, base.lm_head.weight, hidden, labels, train=False)
+        hits1 += t1
+        hits5 += t5
+        total += (labels != IGNORE).sum(-1)
+        if float(total[0]) >= max_positions:
+            break
+    return [{"head": i, "top1": round(float(hits1[i] / total[i].clamp(min=1)), 4),
+             "top5": round(float(hits5[i] / total[i].clamp(min=1)), 4), "positions": int(total[i])} for i in range(k)]
 
 
-def eval_heads(model: str, data: str, heads: str | None = None, seq: int = 256, batch: int = 16, n_batches: int = 4,
-               device: str | None = None) -> dict:
-    """Per-head top-1/top-5 on any token file or text (e.g. real held-out text, where the
-    self-distilled held-out numbers of `train_heads` read the model's own continuations)."""
-    from ..engine import load
-
-    eng = load(model, heads=heads if heads is not None else True, device=device, dtype="float32", cuda_graphs=False)
-    tokens = read_training_tokens(data, resolve_model_dir(model), eng.args.vocab_size)
-    if len(tokens) < seq + 2:
-        raise ValueError(f"{data}: {len(tokens)} tokens, fewer than one window of {seq + 1}")
-    acc = evaluate_heads(eng.heads, eng.model, tokens, seq, batch, eng.device, n_batches)
-    return {"model": str(model), "heads": eng.heads_source, "data": str(data), "positions": n_batches * batch *
-            (seq - eng.heads.num_heads - 1), "heldout": acc}
-
-
-@torch.no_grad()
-def self_distill_sequences(base: Transformer, tokens: np.ndarray, n: int, prompt_len: int, total_len: int,
-                           batch: int, device, rng) -> np.ndarray:
-    """[n, total_len] rows: a data prompt, then the base model's own greedy continuation.
-
-    Medusa-2 recommends self-distillation: heads then learn what the model will actually write,
-    which is what they must predict at decode time. All rows share one prompt length, so a batch
-    decodes in lockstep through the static cache with no padding.
-    """
-    rows = []
-    for lo in range(0, n, batch):
-        b = min(batch, n - lo)
-        starts = rng.integers(0, len(tokens) - prompt_len - 1, size=b)
-        ids = torch.from_numpy(np.stack([tokens[s : s + prompt_len] for s in starts]).astype(np.int64)).to(device)
-        base.setup_cache(b, total_len)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            h = base(ids, torch.arange(prompt_len, device=device), start=0)
-            out = [ids, base.lm_head(h[:, -1:]).argmax(-1)]
-            for pos in range(prompt_len, total_len - 1):
-                h = base(out[-1], torch.tensor([pos], device=device), start=pos)
-                out.append(base.lm_head(h).argmax(-1))
-        rows.append(torch.cat(out, dim=1).cpu().numpy())
-    base.cache = None
-    return np.concatenate(rows)
+def lr_at(progress: float, lr: float, warmup: float) -> float:
+    """Linear warm-up over the first `warmup` of the run, then cosine to 10 % of lr."""
+    p = min(max(progress, 0.0), 1.0)
+    if warmup > 0 and p < warmup:
+        return lr * (p / warmup)
+    frac = (p - warmup) / max(1e-9, 1 - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 def save_heads(heads: MedusaHeads, path: Path, meta: dict) -> None:
@@ -108,100 +174,164 @@ def save_heads(heads: MedusaHeads, path: Path, meta: dict) -> None:
     tmp.replace(path)
 
 
+class _Stop:
+    """SIGTERM/SIGINT ask the loop to checkpoint and leave after the current step (a device call or
+    a scheduler ending the job must not lose the run)."""
+
+    def __init__(self):
+        self.requested = False
+        self._old = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: no signal handling there
+                pass
+        return self
+
+    def _handle(self, *_):
+        self.requested = True
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
 def train_heads(
     model: str,
-    data: str,
+    train: Sequences,
+    held: Sequences,
     out: str,
     num_heads: int = 4,
     num_layers: int = 1,
     shared_lm_head: bool = True,
-    steps: int | None = None,
+    epochs: float | None = None,
     minutes: float | None = None,
-    batch: int = 32,
-    seq: int = 512,
+    batch_tokens: int = 65536,
+    max_len: int = 2048,
     lr: float = 1e-3,
+    warmup: float = 0.03,
     eval_every: int = 200,
-    self_distill: int = 0,
-    distill_batch: int = 256,
-    heldout: str | None = None,
+    checkpoint_minutes: float = 2.0,
     device: str | None = None,
+    dtype: str | None = None,
     seed: int = 0,
     resume: bool = True,
+    meta: dict | None = None,
     log=print,
 ) -> dict:
-    """Train heads (self_distill=N: on N of the base's own greedy continuations).
-
-    Checkpoints to OUT.ckpt.pt at every evaluation and resumes from it when present.
-    """
+    """Train heads on `train` (evaluating on `held`), for `epochs` (default 1) or `minutes` of training."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype or ("bfloat16" if dev.type == "cuda" else "float32")]
     model_dir = resolve_model_dir(model)
-    base, _, _ = load_base(model_dir, dev, torch.float32)
-    base.requires_grad_(False)
-    tokens = read_training_tokens(data, model_dir, base.args.vocab_size)
-    if len(tokens) < seq + 2:
-        raise ValueError(f"{data}: {len(tokens)} tokens, fewer than one training window of {seq + 1}")
-    if heldout is not None:
-        train, held = tokens, read_training_tokens(heldout, model_dir, base.args.vocab_size)
-    else:
-        split = int(len(tokens) * 0.98)
-        train, held = tokens[:split], tokens[split:] if len(tokens) - split > seq + 2 else tokens
-    if self_distill:
-        gen_rng = np.random.default_rng(seed + 1)
-        n_train = max(batch, self_distill)
-        log(f"self-distillation: generating {n_train} greedy continuations of {seq + 1 - 64} tokens")
-        train = self_distill_sequences(base, train, n_train, 64, seq + 1, distill_batch, dev, gen_rng)
-        held = self_distill_sequences(base, held, max(batch, n_train // 50), 64, seq + 1, distill_batch, dev, gen_rng)
+    base, _, _ = load_base(model_dir, dev, dt)
     a = base.args
     heads = MedusaHeads(num_heads, num_layers, a.dim, None if shared_lm_head else a.vocab_size).to(dev)
     if not shared_lm_head:
         with torch.no_grad():
             heads.proj.copy_(base.lm_head.weight.float().expand(num_heads, -1, -1))  # Medusa's initialisation
+    lm_head = base.lm_head.weight  # the training dtype: the head GEMMs run there, the heads' weights stay fp32
     opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
     out_path = Path(out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     ckpt = out_path.with_name(out_path.name + ".ckpt.pt")
     torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    step, history, t0, total = 0, [], time.time(), steps
+    epoch_batches = len(batches(train, batch_tokens, np.random.default_rng(seed)))
+    total_steps = None if minutes else max(1, round((epochs or 1.0) * epoch_batches))
+    state = {"step": 0, "epoch": 0, "in_epoch": 0, "train_s": 0.0, "tokens": 0, "history": []}
     if resume and ckpt.exists():
-        state = torch.load(ckpt, map_location=dev, weights_only=True)
-        heads.load_state_dict(state["heads"])
-        opt.load_state_dict(state["opt"])
-        step, history = int(state["step"]), json.loads(state["history"])
-        if total is None and int(state.get("total", 0)) > 0:  # a time-budgeted run continues its schedule
-            total = int(state["total"])
-        rng = np.random.default_rng(seed + step)
-        log(f"resumed from {ckpt} at step {step}")
-    positions = torch.arange(seq, device=dev)
-    timed_from = (step, time.time())  # --minutes: the step count is fixed after 20 timed steps of this run
-    while total is None or step < total:
-        if total is None and step - timed_from[0] == 20:
-            per = (time.time() - timed_from[1]) / 20
-            total = timed_from[0] + max(50, int((minutes or 1.0) * 60 / per))
-        x, y = get_batch(train, batch, seq, dev, rng)
-        with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            hidden = base(x, positions, use_cache=False)
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            loss, _, _, losses = head_loss(heads, base, hidden.float(), y)
-        frac = step / max(1, total or 10**6)
-        for g in opt.param_groups:
-            g["lr"] = lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        step += 1
-        if step % 10 == 0 or step == total:
-            sys.stderr.write(f"\rstep {step}/{total or '?'} loss {loss.item():.4f} "
-                             f"[{' '.join(f'{v.item():.2f}' for v in losses)}] {time.time() - t0:.0f}s")
-            sys.stderr.flush()
-        if step % eval_every == 0 or step == total:
-            acc = evaluate_heads(heads, base, held, seq, batch, dev)
-            history.append({"step": step, "loss": loss.item(), "heldout": acc, "s": round(time.time() - t0, 1)})
-            log("\n" + json.dumps(history[-1]))
-            torch.save({"heads": heads.state_dict(), "opt": opt.state_dict(), "step": torch.tensor(step),
-                        "total": torch.tensor(total or 0), "history": json.dumps(history)}, ckpt)
-    acc = history[-1]["heldout"] if history else evaluate_heads(heads, base, held, seq, batch, dev)
-    save_heads(heads, out_path, {"base_model": model_dir.name, "steps": step, "self_distill": self_distill})
-    report = {"steps": step, "seconds": time.time() - t0, "heldout": acc, "history": history, "out": str(out_path)}
+        saved = torch.load(ckpt, map_location=dev, weights_only=True)
+        heads.load_state_dict(saved["heads"])
+        opt.load_state_dict(saved["opt"])
+        state = json.loads(saved["state"])
+        log(f"train-heads: resumed from {ckpt} at step {state['step']} ({state['train_s']:.0f} s trained)")
+
+    def progress() -> float:
+        return state["train_s"] / (minutes * 60) if minutes else state["step"] / total_steps
+
+    def checkpoint() -> None:
+        torch.save({"heads": heads.state_dict(), "opt": opt.state_dict(), "state": json.dumps(state)}, ckpt)
+
+    def evaluate() -> None:
+        acc = evaluate_heads(heads, base, held, batch_tokens, max_len, dev)
+        state["history"].append({"step": state["step"], "tokens": state["tokens"], "train_s": round(state["train_s"], 1),
+                                 "heldout": acc})
+        log("train-heads: held-out " + " ".join(f"h{r['head'] + 1} {r['top1']:.3f}/{r['top5']:.3f}" for r in acc)
+            + " (top-1/top-5)")
+
+    log(f"train-heads: {len(train)} sequences ({train.answer_tokens()} model-written tokens), {epoch_batches} "
+        f"batches of <= {batch_tokens} tokens per epoch; " + (f"{minutes} min budget" if minutes else
+                                                             f"{total_steps} steps"))
+    last_log = last_ckpt = time.time()
+    with _Stop() as stop:
+        while progress() < 1.0 and not stop.requested:
+            order = batches(train, batch_tokens, np.random.default_rng(seed + state["epoch"]))
+            while state["in_epoch"] < len(order) and progress() < 1.0 and not stop.requested:
+                t0 = time.time()
+                x, lens, starts = make_batch(train, order[state["in_epoch"]], max_len, dev)
+                pos, labels = head_targets(x, lens, starts, num_heads)
+                hidden = forward_hidden(base, x).flatten(0, 1)[pos]
+                for g in opt.param_groups:
+                    g["lr"] = lr_at(progress(), lr, warmup)
+                opt.zero_grad(set_to_none=True)
+                with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dt == torch.bfloat16):
+                    loss, per_head, top1, _ = chunked_head_loss(heads, lm_head, hidden, labels)
+                opt.step()
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                state["train_s"] += time.time() - t0
+                state["step"] += 1
+                state["in_epoch"] += 1
+                state["tokens"] += int((labels[0] != IGNORE).sum())
+                if time.time() - last_log >= 10 or state["step"] == 1:
+                    acc = (top1 / (labels != IGNORE).sum(-1).clamp(min=1)).tolist()
+                    left = state["train_s"] * (1 - progress()) / max(progress(), 1e-9)
+                    log(f"train-heads: step {state['step']}{'/' + str(total_steps) if total_steps else ''} epoch "
+                        f"{state['epoch']} ({state['in_epoch']}/{len(order)}) loss {loss:.3f} [{' '.join(f'{v:.2f}' for v in per_head)}] "
+                        f"top-1 [{' '.join(f'{v:.2f}' for v in acc)}] lr {opt.param_groups[0]['lr']:.2e} "
+                        f"{state['tokens'] / max(state['train_s'], 1e-9):.0f} positions/s, ETA {left:.0f} s")
+                    last_log = time.time()
+                if state["step"] % eval_every == 0:
+                    evaluate()
+                if time.time() - last_ckpt >= checkpoint_minutes * 60:
+                    checkpoint()
+                    last_ckpt = time.time()
+            if state["in_epoch"] >= len(order):
+                state["epoch"] += 1
+                state["in_epoch"] = 0
+        if not state["history"] or state["history"][-1]["step"] != state["step"]:
+            evaluate()
+        checkpoint()
+    finished = progress() >= 1.0
+    if not finished:
+        log(f"train-heads: stopped at step {state['step']}; checkpoint {ckpt}: run the same command to resume")
+    save_heads(heads, out_path, {"base_model": model_dir.name, "steps": state["step"], "positions": state["tokens"],
+                                 **(meta or {})})
+    report = {"steps": state["step"], "epochs": round(state["epoch"] + state["in_epoch"] / max(epoch_batches, 1), 3),
+              "train_seconds": round(state["train_s"], 1), "positions": state["tokens"], "finished": finished,
+              "train_sequences": len(train), "train_answer_tokens": train.answer_tokens(),
+              "heldout_sequences": len(held), "heldout": state["history"][-1]["heldout"], "history": state["history"],
+              "settings": {"num_heads": num_heads, "num_layers": num_layers, "shared_lm_head": shared_lm_head,
+                           "epochs": epochs, "minutes": minutes, "batch_tokens": batch_tokens, "lr": lr,
+                           "warmup": warmup, "dtype": str(dt).removeprefix("torch."), "seed": seed},
+              "out": str(out_path), **(meta or {})}
     out_path.with_suffix(".json").write_text(json.dumps(report, indent=1))
     return report
+
+
+def eval_heads(model: str, data: Sequences, heads: str | None = None, batch_tokens: int = 16384, max_len: int = 2048,
+               device: str | None = None, max_positions: int = 200_000) -> dict:
+    """Per-head top-1/top-5 on any sequences: a held-out self-distillation folder, or real text (where
+    the numbers read the data's own continuations, not the model's)."""
+    from ..engine import load
+
+    eng = load(model, heads=heads if heads is not None else True, device=device, dtype="float32", cuda_graphs=False)
+    check_vocabulary(data.tokens, eng.args.vocab_size, "the data")
+    acc = evaluate_heads(eng.heads, eng.model, data, batch_tokens, max_len, eng.device, max_positions)
+    return {"model": str(model), "heads": eng.heads_source, "sequences": len(data), "heldout": acc}
+
+
+def log_stderr(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()

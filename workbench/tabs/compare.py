@@ -8,14 +8,12 @@ from collections import Counter
 import gradio as gr
 
 import trees
+from engine.accept import RULES
 from engine.prompts import Prompt
 
 from ..core import Workbench, each_prompt
-from ..page import Page
+from ..page import ACCEPT_CHOICES, Page
 from ..session import Session, Stopped, UserError, whole_number
-
-LOSSLESS = {"greedy": "yes, for greedy decoding (T = 0) only", "typical": "no", "sample": "yes, at any temperature",
-            "AR vs AR": "(noise floor)"}
 
 
 def with_ar(names: list[str]) -> list[str]:
@@ -74,7 +72,7 @@ class CompareTab:
     def compare_rules(self, session: Session, tree_choice: object, editor_text: object, prompts: list[Prompt],
                       temperature: object, samples: object = 32, prefix_tokens: int = 2, max_new_tokens: int = 64
                       ) -> tuple[list[list], str]:
-        """The three acceptance rules on the same prompts and tree: mean tokens per step, and the total
+        """Every registered acceptance rule on the same prompts and tree: mean tokens per step, and the total
         variation distance of each rule's first tokens from the model's own sampling (the row
         "AR vs AR", two independent AR sample sets, is the noise floor a lossless rule sits at)."""
         try:
@@ -88,8 +86,9 @@ class CompareTab:
             whole = prefix.replace(mode="medusa", tree=tree, max_new_tokens=max_new_tokens, seed=1)
         except UserError as e:
             return [], f"✗ {e}"
-        tv: dict[str, list[float]] = {r: [] for r in ("greedy", "typical", "sample", "AR vs AR")}
-        per_step = {r: [0, 0] for r in ("greedy", "typical", "sample")}
+        rules = tuple(RULES)  # every registered rule gets a row
+        tv: dict[str, list[float]] = {r: [] for r in rules + ("AR vs AR",)}
+        per_step = {r: [0, 0] for r in rules}
         with self.wb.sessions.job(session):
             try:
                 for p in each_prompt(session, prompts):
@@ -108,7 +107,8 @@ class CompareTab:
                 return [], "✗ stopped by user: the rules were not compared on every prompt"
             except UserError as e:
                 return [], f"✗ prompt {p.id!r}: {e}"
-        rows = [[r, LOSSLESS[r], round(per_step[r][0] / per_step[r][1], 3) if r in per_step else None,
+        lossless = {name: rule.lossless for name, rule in RULES.items()} | {"AR vs AR": "(noise floor)"}
+        rows = [[r, lossless[r], round(per_step[r][0] / per_step[r][1], 3) if r in per_step else None,
                  round(sum(v) / len(v), 3)] for r, v in tv.items()]
         return rows, (f"{len(prompts)} prompts, {n_samples} samples each, first {prefix_tokens} tokens, "
                       f"T = {float(temperature)}; greedy ignores the temperature (it is exact for T = 0)")
@@ -126,7 +126,7 @@ class CompareTab:
             self.upload = gr.File(label="prompt file", file_types=[".jsonl", ".json", ".txt", ".md"])
         with gr.Row():
             self.tokens = gr.Slider(8, max_tokens, value=64, step=8, label="tokens per prompt")
-            self.accept = gr.Radio(["greedy", "typical", "sample"], value="greedy", label="acceptance")
+            self.accept = gr.Radio(ACCEPT_CHOICES, value="greedy", label="acceptance")
             self.temp = gr.Slider(0, 2, value=0.7, step=0.05, label="temperature")
             self.seed = gr.Number(value=0, precision=0, label="seed", minimum=0)
         with gr.Row():

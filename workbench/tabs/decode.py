@@ -19,7 +19,7 @@ from engine import GenerationError
 
 from .. import figures
 from ..core import MAX_PROMPT_CHARS, Workbench
-from ..page import PRIVATE, Page
+from ..page import ACCEPT_CHOICES, PRIVATE, Page
 from ..session import RunState, Session, UserError, step_index, user_message
 from ..store import StoreError
 
@@ -229,7 +229,7 @@ class DecodeTab:
                 self.tree = page.tree_dropdown("tree", trees.DEFAULT_TREE)
                 with gr.Row():
                     self.mode = gr.Radio(["medusa", "ar"], value="medusa", label="mode")
-                    self.accept = gr.Radio(["greedy", "typical", "sample"], value="greedy", label="acceptance",
+                    self.accept = gr.Radio(ACCEPT_CHOICES, value="greedy", label="acceptance",
                                            info="greedy and sample are lossless; typical is not")
                 with gr.Row():
                     self.temperature = gr.Slider(0, 2, value=0.7, step=0.05, label="temperature (typical / sample)")
