@@ -1,4 +1,4 @@
-"""Compare: two trees (or AR against a tree) on the same prompts, and the three acceptance rules side
+"""Compare: two trees (or AR against a tree) on the same prompts, and every registered acceptance rule side
 by side with their distance from the model's own sampling. Both jobs stop between decoding steps."""
 
 from __future__ import annotations
