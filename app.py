@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.loading import DEMO_DIR
     from engine.options import load_from_arguments
     from workbench.app import LOOPBACK, serve
-    from workbench.handlers import Workbench, default_data_dir
+    from workbench.core import Workbench, default_data_dir
 
     if a.host not in LOOPBACK:
         print(f"warning: binding {a.host}: anyone who can reach this address can use the app", file=sys.stderr)

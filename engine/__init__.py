@@ -1,10 +1,10 @@
 """A Medusa decoding engine of our own: Llama-family models, Medusa heads, tree verification."""
 
 from .config import ModelArgs, ModelLoadError
-from .engine import Engine, Result, load
+from .engine import Engine, EngineBusy, Result, load
 from .generation import GenerationConfig, GenerationError
 from .heads import MedusaHeads
 from .trace import StepEvent
 
-__all__ = ["Engine", "GenerationConfig", "GenerationError", "MedusaHeads", "ModelArgs", "ModelLoadError", "Result",
+__all__ = ["Engine", "EngineBusy", "GenerationConfig", "GenerationError", "MedusaHeads", "ModelArgs", "ModelLoadError", "Result",
            "StepEvent", "load"]

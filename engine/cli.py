@@ -143,7 +143,8 @@ def _distill_prompts(eng, a) -> list[list[int]]:
     from .loading import resolve_model_dir
     from .train.data import read_training_tokens
 
-    return window_prompts(read_training_tokens(a.data, resolve_model_dir(a.model)), a.prompts or 1024, a.prompt_len, a.seed)
+    tokens = read_training_tokens(a.data, resolve_model_dir(a.model), eng.args.vocab_size)
+    return window_prompts(tokens, a.prompts or 1024, a.prompt_len, a.seed)
 
 
 def _self_distill(a) -> int:
@@ -158,7 +159,7 @@ def _self_distill(a) -> int:
 
 
 def _train_heads(a) -> int:
-    from .loading import resolve_model_dir
+    from .loading import read_config, resolve_model_dir
     from .train.data import read_sequences
     from .train.heads import log_stderr, train_heads
 
@@ -179,9 +180,10 @@ def _train_heads(a) -> int:
         data = a.data
     else:
         raise ValueError("train-heads needs --data (a token/text file or a self-distillation folder) or --self-distill N")
-    train = read_sequences(data, model_dir, a.seq + 1)
+    vocab = read_config(model_dir).vocab_size
+    train = read_sequences(data, model_dir, a.seq + 1, vocab)
     if a.heldout:
-        held = read_sequences(a.heldout, model_dir, a.seq + 1)
+        held = read_sequences(a.heldout, model_dir, a.seq + 1, vocab)
     else:
         train, held = train.split(50)
     if a.limit_tokens:
@@ -198,11 +200,12 @@ def _train_heads(a) -> int:
 
 
 def _eval_heads(a) -> int:
-    from .loading import resolve_model_dir
+    from .loading import read_config, resolve_model_dir
     from .train.data import read_sequences
     from .train.heads import eval_heads
 
-    data = read_sequences(a.data, resolve_model_dir(a.model), a.seq)
+    model_dir = resolve_model_dir(a.model)
+    data = read_sequences(a.data, model_dir, a.seq, read_config(model_dir).vocab_size)
     print(json.dumps(eval_heads(a.model, data, a.heads, batch_tokens=a.batch * a.seq, device=a.device,
                                 max_positions=a.positions)))
     return 0

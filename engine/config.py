@@ -76,12 +76,26 @@ class ModelArgs:
         for key in needed:
             if key not in scaling:
                 raise ModelLoadError(f"{where}: {rope_type} RoPE scaling needs {key!r}")
-            _number(scaling[key], key, where)
+        if rope_type == "llama3":  # transformers' defaults for the two optional factors
+            scaling.setdefault("low_freq_factor", 1.0)
+            scaling.setdefault("high_freq_factor", 4.0)
+        for key in ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"):
+            if key in needed or (rope_type == "llama3" and key in scaling):
+                scaling[key] = _number(scaling[key], f"rope {key}", where)
+        if rope_type == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
+            raise ModelLoadError(f"{where}: llama3 RoPE needs high_freq_factor > low_freq_factor, got "
+                                 f"{scaling['high_freq_factor']} and {scaling['low_freq_factor']}")
+        flags = {key: _flag(cfg, key, default, where) for key, default in (
+            ("tie_word_embeddings", False), ("attention_bias", False), ("mlp_bias", False),
+            ("use_sliding_window", model_type == "mistral"))}
+        bos = cfg.get("bos_token_id")
+        if bos is not None and (isinstance(bos, bool) or not isinstance(bos, int)):
+            raise ModelLoadError(f"{where}: bos_token_id must be an integer or null, got {bos!r}")
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         if not all(isinstance(e, int) and not isinstance(e, bool) for e in eos_ids):
             raise ModelLoadError(f"{where}: eos_token_id must be an integer or a list of integers")
-        window = cfg.get("sliding_window") if cfg.get("use_sliding_window", model_type == "mistral") else None
+        window = cfg.get("sliding_window") if flags["use_sliding_window"] else None
         if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
             raise ModelLoadError(f"{where}: sliding_window must be a positive integer or null")
         return cls(
@@ -96,14 +110,14 @@ class ModelArgs:
             rope_theta=theta,
             rope_scaling=scaling,
             max_position_embeddings=size.get("max_position_embeddings", 2048),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
-            o_bias=model_type != "qwen2" and bool(cfg.get("attention_bias", False)),
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            tie_word_embeddings=flags["tie_word_embeddings"],
+            qkv_bias=model_type == "qwen2" or flags["attention_bias"],
+            o_bias=model_type != "qwen2" and flags["attention_bias"],
+            mlp_bias=flags["mlp_bias"],
             sliding_window=window,
             model_type=model_type,
             eos_token_ids=eos_ids,
-            bos_token_id=cfg.get("bos_token_id"),
+            bos_token_id=bos,
         )
 
 
@@ -117,6 +131,15 @@ def _size(cfg: dict, key: str, where: str) -> int:
     v = cfg[key]
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= LIMITS[key]:
         raise ModelLoadError(f"{where}: {key} must be an integer in [1, {LIMITS[key]}], got {v!r}")
+    return v
+
+
+def _flag(cfg: dict, key: str, default: bool, where: str) -> bool:
+    """A true/false setting: JSON true or false only, as transformers' typed configs require (the
+    string "false" is truthy in Python, and was once read as true)."""
+    v = cfg.get(key, default)
+    if not isinstance(v, bool):
+        raise ModelLoadError(f"{where}: {key} must be true or false, got {v!r}")
     return v
 
 

@@ -19,7 +19,16 @@ from safetensors.torch import save_file
 
 from .config import ModelArgs, ModelLoadError
 from .heads import MedusaHeads, detect_layout, validate_heads
-from .loading import HEAD_FILES, base_weight_files, find_heads, read_config, read_heads_folder, read_state_dict, resolve_model_dir
+from .loading import (
+    HEAD_FILES,
+    base_weight_files,
+    find_heads,
+    read_config,
+    read_heads_folder,
+    read_state_dict,
+    resolve_model_dir,
+    strip_prefix,
+)
 
 TARGETS = ("faster-decoding", "safetensors", "shared-lm-head", "medusa2", "vllm")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -115,13 +124,17 @@ def inspect(path: str | Path, model: str | Path | None = None) -> dict:
 
 
 def _lm_head(model_dir: Path) -> torch.Tensor:
+    """The base model's output matrix as `load` uses it: a stored lm_head.weight, else (tied
+    embeddings) the embedding matrix."""
     a = _model_args(model_dir)
+    found = {}
     for f in base_weight_files(model_dir):
-        sd = read_state_dict(f)
-        key = "model.embed_tokens.weight" if a.tie_word_embeddings else "lm_head.weight"
-        for k in (key, "base_model." + key, "base_model.model." + key.removeprefix("model.")):
-            if k in sd:
-                return sd[k]
+        found.update({strip_prefix(k): v for k, v in read_state_dict(f).items()
+                      if strip_prefix(k) in ("lm_head.weight", "embed_tokens.weight")})
+    if "lm_head.weight" in found:
+        return found["lm_head.weight"]
+    if a.tie_word_embeddings and "embed_tokens.weight" in found:
+        return found["embed_tokens.weight"]
     raise ModelLoadError(f"{model_dir}: no lm_head weight found")
 
 
@@ -263,6 +276,6 @@ def _top1(sd: dict[str, torch.Tensor], model_dir: Path, data: str) -> list[float
 
     base, _, _ = load_base(model_dir, torch.device("cpu"), torch.float32)
     heads: MedusaHeads = heads_from_state_dict({k: v.float() for k, v in sd.items()}, base.args.dim, base.args.vocab_size, "heads")
-    seqs = read_sequences(data, model_dir, window=257)
+    seqs = read_sequences(data, model_dir, 257, base.args.vocab_size)
     acc = evaluate_heads(heads, base, seqs, 4 * 257, 257, torch.device("cpu"), max_positions=2000)
     return [round(a["top1"], 4) for a in acc]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,10 @@ from .tp import SINGLE, TP
 from .trace import StepEvent, TraceContext, TraceWriter, header, prompt_hash
 
 CACHE_GRANULE = 256  # KV cache capacity is rounded up to this, so similar requests reuse one cache (and its graphs)
+
+
+class EngineBusy(RuntimeError):
+    """This thread holds the engine in an open `stream()` and asked it for another run."""
 
 
 @dataclass
@@ -98,7 +103,16 @@ class Engine:
     """A loaded model with its heads and tokenizer. Build it with `engine.load`; the model is used as
     built (backend and fused kernels fixed by `loading.build_model`). `model_dir` is the folder the
     base model was read from (other tools, transformers among them, can open the same files);
-    `default_tree` is the tree used when a call names none (see `load`)."""
+    `default_tree` is the tree used when a call names none (see `load`).
+
+    Sharing: an Engine decodes one run at a time, because the run's state (the KV cache, the CUDA
+    graphs' buffers) lives in the one model. `generate()` and `greedy_continuations()` hold the engine
+    for the call; `stream()` from the call until its iterator is exhausted, closed or garbage
+    collected. A run asked for from another thread meanwhile waits its turn (a queue), so threads
+    sharing an engine each get exactly their solo output. A run asked for from the thread that holds
+    an open stream raises EngineBusy at once, since waiting there would never end: finish or `close()`
+    that stream first.
+    """
 
     def __init__(self, model: Transformer, heads: MedusaHeads | None, tokenizer, name: str, heads_source: str | None,
                  max_seq_len: int | None = None, cuda_graphs: bool = False, model_dir: Path | None = None,
@@ -124,6 +138,20 @@ class Engine:
         self.eos_ids = eos
         self.default_tree = default_tree if default_tree is not None else self._fallback_tree()
         self._token_text: dict[int, str] = {}
+        self._turn = threading.Lock()  # held by the run in progress (see the class docstring)
+        self._holder: int | None = None  # the thread that took it
+
+    def _acquire(self) -> None:
+        me = threading.get_ident()
+        if self._holder == me:
+            raise EngineBusy("this thread has an open stream() on this engine: exhaust or close() it before "
+                             "starting another run (an Engine decodes one run at a time)")
+        self._turn.acquire()
+        self._holder = me
+
+    def _release(self) -> None:
+        self._holder = None
+        self._turn.release()
 
     def _fallback_tree(self) -> object:
         """For heads that ship no tree: Medusa's own default, `mc_sim_7b_63`, cut to the heads' depth."""
@@ -143,6 +171,8 @@ class Engine:
 
     # -- text ----------------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
+        if not isinstance(prompt, (str, list, tuple)):
+            raise GenerationError(f"a prompt is text (str) or a list of token ids, not {type(prompt).__name__}")
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise GenerationError("this model has no tokenizer: pass token ids")
@@ -151,8 +181,12 @@ class Engine:
             except UnicodeEncodeError:
                 raise GenerationError("the prompt is not valid Unicode text (it holds a lone surrogate)") from None
             if chat and getattr(self.tokenizer, "chat_template", None):
-                ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                         add_generation_prompt=True, tokenize=True)
+                try:
+                    ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                             add_generation_prompt=True, tokenize=True)
+                except Exception as e:  # the template is the model folder's own Jinja code: it may not parse or may raise
+                    raise GenerationError(f"--chat: the tokenizer's chat template failed ({type(e).__name__}: "
+                                          f"{' '.join(str(e).split())[:200]})") from None
                 ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
             elif chat:
                 raise GenerationError("--chat: this tokenizer has no chat template")
@@ -261,6 +295,11 @@ class Engine:
             runner = EagerRunner(self.model, heads, buf, rule, params, gen, trace_topk)
         trace = writer = None
         if cfg.traced:
+            if cfg.trace_file:
+                try:  # a FIFO would block the writer's open; a device is never written to
+                    trees.check_output_file(cfg.trace_file)
+                except trees.OutputPathError as e:
+                    raise GenerationError(str(e)) from None
             writer = TraceWriter(cfg.trace_file) if cfg.trace_file else None
             if writer:
                 one = len(batch) == 1  # a batched header lists one value per request
@@ -281,35 +320,39 @@ class Engine:
     def stream(self, prompt_or_ids: str | Sequence[int], max_new_tokens: int | None = None,
                config: GenerationConfig | None = None, **fields) -> Iterator[StepEvent]:
         """One StepEvent per decoding step (the UI draws each as it arrives). Settings are a
-        GenerationConfig and/or its fields as keywords; they are checked here, before the first step."""
-        return self._stream(self.session([prompt_or_ids], self.config(max_new_tokens, config, **fields)))
-
-    @staticmethod
-    def _stream(session: Session) -> Iterator[StepEvent]:
+        GenerationConfig and/or its fields as keywords; they are checked here, before the first step.
+        The iterator holds the engine until it is exhausted, closed or dropped (class docstring)."""
+        cfg = self.config(max_new_tokens, config, **fields)
+        self._acquire()
         try:
-            for events in session.run():
-                yield events[0]
-        finally:
-            session.close()
+            session = self.session([prompt_or_ids], cfg)
+        except BaseException:
+            self._release()
+            raise
+        return _Stream(session, self._release)
 
     def generate(self, prompt_or_ids, max_new_tokens: int | None = None, config: GenerationConfig | None = None,
                  **fields) -> Result | list[Result]:
         """One prompt (text or token ids) -> Result; a list of prompts (texts or id lists) -> one
-        Result per prompt, decoded together as a batch."""
+        Result per prompt, decoded together as a batch. Waits for a run of another thread to end."""
         cfg = self.config(max_new_tokens, config, **fields)
         batched = isinstance(prompt_or_ids, (list, tuple)) and bool(prompt_or_ids) and \
             all(isinstance(p, (str, list, tuple)) for p in prompt_or_ids)
         prompts = list(prompt_or_ids) if batched else [prompt_or_ids]
-        t0 = time.perf_counter()
-        session = self.session(prompts, cfg)
-        per_request: list[list[StepEvent]] = [[] for _ in prompts]
+        self._acquire()
         try:
-            for events in session.run():
-                for ev in events:
-                    per_request[ev.request].append(ev)
+            t0 = time.perf_counter()
+            session = self.session(prompts, cfg)
+            per_request: list[list[StepEvent]] = [[] for _ in prompts]
+            try:
+                for events in session.run():
+                    for ev in events:
+                        per_request[ev.request].append(ev)
+            finally:
+                session.close()
+            wall = time.perf_counter() - t0
         finally:
-            session.close()
-        wall = time.perf_counter() - t0
+            self._release()
         results = []
         for req, evs in zip(session.requests, per_request):
             results.append(Result(
@@ -336,15 +379,55 @@ class Engine:
         host work per request per step, 6.8 ms a step at 256 requests on an H200 (2026-12-04), several
         times the GPU's step. Equal to `generate(..., mode="ar", stop_on_eos=False)` (tested)."""
         cfg = GenerationConfig(mode="ar", max_new_tokens=max_new_tokens, stop_on_eos=False, chat=False, text=False)
-        runner = self.session(prompts, cfg).runner  # the checks, the cache and the step runner of a run
-        state = prefill(self.model, None, prompts, SamplingParams(), None)
-        out = torch.empty((len(prompts), max_new_tokens), dtype=torch.long, device=self.device)
-        out[:, 0] = state.root
-        for i in range(1, max_new_tokens):
-            runner.launch(state)  # queued, never read: a graph replays (or the eager step runs) on the device
-            state.host_lengths = [n + 1 for n in state.host_lengths]  # what reading the step would have done
-            out[:, i] = state.root
-        return out.tolist()
+        self._acquire()  # the cache and the graphs' buffers are the engine's: one run at a time (class docstring)
+        try:
+            runner = self.session(prompts, cfg).runner  # the checks, the cache and the step runner of a run
+            state = prefill(self.model, None, prompts, SamplingParams(), None)
+            out = torch.empty((len(prompts), max_new_tokens), dtype=torch.long, device=self.device)
+            out[:, 0] = state.root
+            for i in range(1, max_new_tokens):
+                runner.launch(state)  # queued, never read: a graph replays (or the eager step runs) on the device
+                state.host_lengths = [n + 1 for n in state.host_lengths]  # what reading the step would have done
+                out[:, i] = state.root
+            return out.tolist()
+        finally:
+            self._release()
+
+
+class _Stream:
+    """What `Engine.stream` returns: the run's StepEvents, holding the engine until the run is
+    exhausted, closed or garbage collected (a generator that was never started runs no `finally`,
+    so a plain generator could not promise that)."""
+
+    def __init__(self, session: Session, release):
+        self._session, self._release = session, release
+        self._steps = (events[0] for events in session.run())  # refers to the session only: no cycle through self
+
+    def __iter__(self) -> _Stream:
+        return self
+
+    def __next__(self) -> StepEvent:
+        if self._release is None:
+            raise StopIteration
+        try:
+            return next(self._steps)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """End the run after the step in flight and give the engine back (idempotent)."""
+        release, self._release = self._release, None
+        if release is None:
+            return
+        try:
+            self._steps.close()
+            self._session.close()
+        finally:
+            release()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def available_memory() -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,10 @@ from .sampling import SamplingParams
 MODES = ("ar", "medusa")
 ACCEPT_RULES = tuple(RULES)
 MAX_SEED = 2**63 - 1
+# Below these, sampling is NaN: logits / T overflows float32 (vLLM raises small temperatures to 0.01
+# for the same reason), and a top_p under float32's smallest normal number rounds to 0 there.
+MIN_TEMPERATURE = 0.01
+MIN_TOP_P = 2.0**-126
 
 
 class GenerationError(ValueError):
@@ -85,13 +90,20 @@ class GenerationConfig:
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise GenerationError(f"temperature must be >= 0 and finite, got {t!r}")
+        if 0 < t < MIN_TEMPERATURE:
+            raise GenerationError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {t!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise GenerationError(f"top_k must be an integer >= 0, got {self.top_k!r}")
         p = self.top_p
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0 < p <= 1):
-            raise GenerationError(f"top_p must be in (0, 1], got {p!r}")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not (MIN_TOP_P <= p <= 1):
+            raise GenerationError(f"top_p must be in (0, 1] and at least {MIN_TOP_P:.3g}, got {p!r}")
+        for flag in ("stop_on_eos", "trace", "text"):
+            if not isinstance(getattr(self, flag), bool):
+                raise GenerationError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         if self.chat is not None and not isinstance(self.chat, bool):
             raise GenerationError(f"chat must be true, false or None (auto), got {self.chat!r}")
+        if self.trace_file is not None and not isinstance(self.trace_file, (str, os.PathLike)):
+            raise GenerationError(f"trace_file must be a path, got {self.trace_file!r}")
         s = self.seed
         if s is not None and (isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= MAX_SEED):
             raise GenerationError(f"seed must be an integer in [0, 2**63 - 1], got {s!r}")

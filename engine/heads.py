@@ -26,7 +26,9 @@ from torch import nn
 from .config import ModelLoadError
 from .tp import SINGLE, TP
 
-_KEY = re.compile(r"^(\d{1,6})\.(\d{1,6})\.(linear\.weight|linear\.bias|weight)$")
+# canonical decimal indices only: "00.0." or "٠.0." would name head 0 a second time beside "0.0."
+_INDEX = r"(0|[1-9][0-9]{0,5})"
+_KEY = re.compile(rf"{_INDEX}\.{_INDEX}\.(linear\.weight|linear\.bias|weight)")
 MAX_HEADS = 64  # public checkpoints have 3-5; a tree is never deeper than trees.MAX_DEPTH
 MAX_RESBLOCKS = 16
 
@@ -91,7 +93,7 @@ def detect_layout(keys: list[str], where: str) -> HeadLayout:
     """Read head and layer counts from the keys; any key outside the layout is an error."""
     found: dict[tuple[int, int], set[str]] = {}
     for key in keys:
-        m = _KEY.match(key)
+        m = _KEY.fullmatch(key)
         if not m:
             raise ModelLoadError(f"{where}: key {key!r} matches no Medusa head format "
                                  "(expected '{head}.{layer}.linear.weight|bias' or '{head}.{L}.weight')")

@@ -211,32 +211,42 @@ def fill_model(model: Transformer, tensors: Iterable[tuple[str, torch.Tensor]], 
     -> (model, medusa head tensors, bytes read)."""
     args, tp = model.args, model.tp
     expected = dict(model.state_dict())
-    if args.tie_word_embeddings:
-        expected.pop("lm_head.weight", None)
     loaded: dict[str, torch.Tensor] = {}
     medusa: dict[str, torch.Tensor] = {}
+    seen: dict[str, str] = {}  # our name -> the checkpoint key it came from
     nbytes = 0
     for key, t in tensors:
         nbytes += t.numel() * t.element_size()
+        check_float(key, t.dtype, where)
+        name = key if key.startswith("medusa_head.") else strip_prefix(key)
+        if name in seen:  # the same weight twice (two shards, or `model.x` beside `x`): which one wins is a guess
+            raise ModelLoadError(f"{where}: key {key!r} duplicates {seen[name]!r}")
+        seen[name] = key
         if key.startswith("medusa_head."):
             medusa[key[len("medusa_head."):]] = t
             continue
-        name = strip_prefix(key)
         if name.endswith(_IGNORED_KEYS):
             continue
-        if name == "lm_head.weight" and args.tie_word_embeddings:
-            continue  # some tied checkpoints store the copy anyway
         if name not in expected:
             raise ModelLoadError(f"{where}: unexpected key {key!r} for a {args.model_type} model")
         if tuple(t.shape) != tuple(expected[name].shape):
             raise ModelLoadError(f"{where}: key {key!r} has shape {tuple(t.shape)}, config implies {tuple(expected[name].shape)}")
         loaded[name] = torch.zeros_like(t) if tp.rank > 0 and is_row_parallel_bias(name) else t
+    # Tied embeddings as transformers (5.x) loads them: lm_head is the embedding matrix unless the
+    # checkpoint stores an lm_head.weight of its own that differs from it; then the stored one is used.
+    tied = args.tie_word_embeddings and ("lm_head.weight" not in loaded or torch.equal(
+        loaded["lm_head.weight"], loaded.get("embed_tokens.weight", loaded["lm_head.weight"])))
+    if tied:
+        expected.pop("lm_head.weight", None)
+        loaded.pop("lm_head.weight", None)
+    elif args.tie_word_embeddings:  # the model was built tied: give lm_head its own (still unallocated) matrix
+        model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
     missing = [k for k in expected if k not in loaded]
     if missing:
         first = missing[0] if missing[0] == "lm_head.weight" else "model." + missing[0]
         raise ModelLoadError(f"{where}: missing weight key {first!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     if share:
-        if args.tie_word_embeddings:
+        if tied:
             loaded["lm_head.weight"] = loaded["embed_tokens.weight"]
         model.load_state_dict(loaded, strict=True, assign=True)
     else:
@@ -246,25 +256,51 @@ def fill_model(model: Transformer, tensors: Iterable[tuple[str, torch.Tensor]], 
                 if name in loaded:
                     p.copy_(loaded[name])
     model.inv_freq = rope_inv_freq(args).to(device)  # float32 always: RoPE angles need it
-    if args.tie_word_embeddings:
+    if tied:
         model.lm_head.weight = model.embed_tokens.weight
     if model.fused:
         model.stack_projections()
     return model.eval().requires_grad_(False), medusa, nbytes
 
 
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+                       "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+
+
+def check_float(key: str, dtype: torch.dtype | str, where: str) -> None:
+    """Weights are floats: an int8 or bool tensor would be cast to floats and decode as nonsense
+    (quantised checkpoints need their scales, which we do not read). `dtype`: a torch dtype, or the
+    name a safetensors header gives ("I8")."""
+    name = _SAFETENSORS_DTYPES.get(dtype, dtype) if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    if name not in FLOAT_DTYPES:
+        raise ModelLoadError(f"{where}: key {key!r} is {name}; weights must be {', '.join(FLOAT_DTYPES)}")
+
+
+def check_weights_file(path: Path) -> None:
+    """A weights path must be a regular file before anything opens it (a FIFO would block the read)."""
+    try:
+        trees.open_for_reading(path, binary=True).close()
+    except trees.JsonInputError as e:
+        raise ModelLoadError(str(e)) from None
+
+
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """One weights file: safetensors, or a `.pt`/`.bin` read with weights_only=True (no pickled code)
     and memory-mapped (nothing is read until a tensor is used)."""
+    check_weights_file(path)
     try:
         if path.suffix == ".safetensors":
             with safe_open(str(path), framework="pt") as f:
-                return {k: f.get_tensor(k) for k in f.keys()}
-        obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+                obj = {k: f.get_tensor(k) for k in f.keys()}
+        else:
+            obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # corrupt file, or a pickle that needs code to load
         raise ModelLoadError(f"{path}: cannot read weights ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
         raise ModelLoadError(f"{path}: expected a state dict of tensors")
+    for k, v in obj.items():
+        check_float(k, v.dtype, str(path))
     return obj
 
 
@@ -272,10 +308,17 @@ def base_weight_files(model_dir: Path) -> list[Path]:
     index = model_dir / "model.safetensors.index.json"
     if index.exists():
         try:
-            shards = sorted(set(trees.read_json_file(index)["weight_map"].values()))
-        except (trees.JsonInputError, KeyError, TypeError, AttributeError) as e:
+            weight_map = trees.read_json_file(index).get("weight_map")
+        except (trees.JsonInputError, AttributeError) as e:
             raise ModelLoadError(f"{index}: not a safetensors index ({e})") from None
-        return [model_dir / s for s in shards]
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ModelLoadError(f"{index}: 'weight_map' must be an object of weight names to shard files")
+        for key, shard in weight_map.items():
+            if not (isinstance(shard, str) and shard.endswith(".safetensors") and shard == Path(shard).name
+                    and not shard.startswith(".")):
+                raise ModelLoadError(f"{index}: weight_map[{key!r}] is {shard!r}; expected a .safetensors file name "
+                                     "in the model directory")
+        return [model_dir / s for s in sorted(set(weight_map.values()))]
     if (model_dir / "model.safetensors").exists():
         return [model_dir / "model.safetensors"]
     files = sorted(model_dir.glob("model-*-of-*.safetensors")) or sorted(
@@ -302,6 +345,7 @@ def _tensors(path: Path, tp: TP):
     if path.suffix != ".safetensors" or tp.world == 1:
         yield from read_state_dict(path).items()
         return
+    check_weights_file(path)
     try:
         with safe_open(str(path), framework="pt") as f:
             for key in f.keys():
@@ -363,6 +407,8 @@ def load_heads(source: str | os.PathLike | dict, args: ModelArgs, device, dtype,
     """Heads from a file, a directory holding one of HEAD_FILES, or an in-memory state dict. A
     safetensors file is checked from its header (key names and shapes) before any tensor is read."""
     if isinstance(source, dict):
+        for k, t in source.items():
+            check_float(k, t.dtype, where)
         heads = heads_from_state_dict(source, args.dim, args.vocab_size, where, tp)
         return heads.to(device=device, dtype=dtype).eval()
     path = Path(source)
@@ -373,14 +419,17 @@ def load_heads(source: str | os.PathLike | dict, args: ModelArgs, device, dtype,
         path = found
     if not path.exists():
         raise ModelLoadError(f"{path}: no such heads file")
-    if not path.is_file():
-        raise ModelLoadError(f"{path}: not a regular file")
+    check_weights_file(path)
     if path.suffix == ".safetensors":
         try:
             f = safe_open(str(path), framework="pt")
-            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+            slices = {k: f.get_slice(k) for k in f.keys()}
+            shapes = {k: tuple(sl.get_shape()) for k, sl in slices.items()}
+            dtypes = {k: sl.get_dtype() for k, sl in slices.items()}
         except Exception as e:
             raise ModelLoadError(f"{path}: cannot read weights ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        for k, dt in dtypes.items():
+            check_float(k, dt, str(path))
         heads = heads_from_tensors(shapes, f.get_tensor, args.dim, args.vocab_size, str(path), tp)
     else:
         heads = heads_from_state_dict(read_state_dict(path), args.dim, args.vocab_size, str(path), tp)

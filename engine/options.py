@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 
 from .attention import BACKENDS
 from .generation import GenerationConfig
@@ -91,7 +90,9 @@ def add_prompt_set_arguments(p: argparse.ArgumentParser, count: int = 12, offset
 
 
 def output_path(path: str) -> str:
-    """A path to write a file to: refused early when it names a directory."""
-    if os.path.isdir(path):
-        raise ValueError(f"{path}: is a directory; give a file path")
+    """A path to write a file to, refused before any work when a directory, FIFO or device is there
+    (a FIFO would block the writer; `--out /dev/null` must never replace the device node)."""
+    import trees
+
+    trees.check_output_file(path)
     return path

@@ -4,8 +4,9 @@ Held-out prompts are slices of standard-library files the demo model never train
 held out when sha1 of its relative path is 0 mod 40, ~2.5%, so the split is by file and stable
 across machines with the same Python). Prompt files (`--prompts-file`, the Tune and Compare tabs):
   *.jsonl  one JSON object per line with `prompt` (a string) or `turns` (a list of strings: MT-Bench
-           and Spec-Bench question files); `question_id` (or `id`) is kept when present
-  other    plain text, prompts separated by lines holding only `---`
+           and Spec-Bench question files); `question_id` (or `id`) is kept when present (also *.json)
+  *.txt    plain text, prompts separated by lines holding only `---` (also *.md; any other name is
+           read as JSON lines when its text starts with '{')
 """
 
 from __future__ import annotations
@@ -119,7 +120,14 @@ def read_prompts(path: str | os.PathLike) -> list[Prompt]:
         text = trees.read_text_file(path, MAX_PROMPT_FILE_BYTES)
     except trees.JsonInputError as e:
         raise PromptFileError(str(e)) from None
-    return parse_prompts(text, str(path), jsonl=str(path).endswith(".jsonl") or None)
+    return parse_prompts(text, str(path), jsonl=jsonl_by_name(path))
+
+
+def jsonl_by_name(path: str | os.PathLike) -> bool | None:
+    """What a prompt file's name says it holds: JSON lines (.jsonl, .json), text (.txt, .md), or
+    None (decided from the text). A .txt file is text even when its first prompt starts with '{'."""
+    suffix = Path(path).suffix.lower()
+    return True if suffix in (".jsonl", ".json") else False if suffix in (".txt", ".md") else None
 
 
 def prompt_set(prompts_file: str | None, count: int | None, offset: int = 0, default: int = 12) -> list[Prompt]:

@@ -157,3 +157,18 @@ def write_ar_trace(path, runs, header: dict | None = None) -> None:
                 head_topk = [[{"token": t, "text": "", "prob": p} for t, p in zip(h, ph)] for h, ph in zip(ids, probs)]
                 f.write(json.dumps({"step": i, "accepted_tokens": tokens, "accepted_nodes": [0],
                                     "head_topk": head_topk}) + "\n")
+
+
+def tabs_of(wb):
+    """Every tab of the app over one Workbench, and the named API, as the app builds them."""
+    from types import SimpleNamespace
+
+    from workbench.api import Api
+    from workbench.tabs.compare import CompareTab
+    from workbench.tabs.decode import DecodeTab
+    from workbench.tabs.editor import EditorTab
+    from workbench.tabs.tune import TuneTab
+
+    t = SimpleNamespace(decode=DecodeTab(wb), editor=EditorTab(wb), tune=TuneTab(wb), compare=CompareTab(wb))
+    t.api = Api(t.decode, t.editor, t.tune)
+    return t

@@ -90,7 +90,7 @@ def test_imports_run_one_way():
     ("engine/model.py", "runtime", "from engine.bench import oracle"),
     ("trees/tree.py", "trees", "import engine"),
     ("workbench/figures.py", "workbench", "import torch"),
-    ("workbench/handlers.py", "workbench", "from engine.train import heads"),
+    ("workbench/core.py", "workbench", "from engine.train import heads"),
 ])
 def test_a_wrong_way_import_is_caught(path, layer, line):
     """The checker itself: the module with one wrong-way import added (inside a function, where it

@@ -132,3 +132,35 @@ def test_generation_errors(base_dir):
     no_heads = engine.load(base_dir, heads=False, device="cpu")
     with pytest.raises(GenerationError, match="needs Medusa heads"):
         no_heads.generate([1, 2], 5, mode="medusa")
+
+
+@pytest.mark.parametrize("tied, stored", [(True, "its own lm_head"), (True, "a copy of the embedding"), (True, "no lm_head"),
+                                          (False, "its own lm_head")])
+def test_tied_and_untied_checkpoints_load_as_transformers_loads_them(tmp_path, tied, stored):
+    """Which matrix is the output layer when config.json says tie_word_embeddings and the file stores
+    an lm_head.weight anyway: transformers itself (as installed) is the reference."""
+    import transformers
+    from safetensors.torch import load_file
+
+    make_hf_model(tmp_path, "llama", tied=False, seed=4)
+    sd = load_file(str(tmp_path / "model.safetensors"))
+    if stored == "a copy of the embedding":
+        sd["lm_head.weight"] = sd["model.embed_tokens.weight"].clone()
+    elif stored == "no lm_head":
+        del sd["lm_head.weight"]
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": tied}))
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    eng = engine.load(tmp_path, heads=False, device="cpu", dtype="float32")
+    ids = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = ref(ids).logits[0]
+        eng.model.setup_cache(1, 32)
+        hidden = eng.model(ids, torch.arange(16))[0]
+        got = eng.model.lm_head(hidden)
+        other = hidden @ (sd["lm_head.weight"] if eng.model.lm_head.weight is eng.model.embed_tokens.weight
+                          else eng.model.embed_tokens.weight).T if "lm_head.weight" in sd else None
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    if stored == "its own lm_head":  # the other matrix really gives other logits: the choice is what is tested
+        assert not torch.allclose(other, want, atol=1e-2)

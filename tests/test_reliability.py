@@ -10,16 +10,16 @@ import time
 
 import pytest
 import torch
-from conftest import make_hf_model, random_heads_sd
+from conftest import make_hf_model, random_heads_sd, tabs_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 import engine
 import trees
 from engine import GenerationError, ModelLoadError
 from engine.loading import DEMO_DIR
-from workbench.handlers import EDITOR, Workbench
+from workbench.core import EDITOR, Workbench
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 json_values = st.recursive(
@@ -34,6 +34,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def wb(demo_engine, tmp_path_factory):
     return Workbench(demo_engine, tmp_path_factory.mktemp("reliability"), DEMO_DIR / "tune_traces.jsonl")
+
+
+@pytest.fixture(scope="module")
+def tabs(wb):
+    return tabs_of(wb)
 
 
 # -- the bad-input corpus over every command line ----------------------------------------------------
@@ -70,10 +75,60 @@ def corpus(tmp_path_factory):
         for f in (d / "model").iterdir():
             if f.name != "config.json":
                 (m / f.name).symlink_to(f)
-    os.mkfifo(d / "fifo.json")
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64, "rope_theta": 1e4}
+    for name, change in (("cfg_llama3_null", {"rope_parameters": {**llama3, "low_freq_factor": None}}),
+                         ("cfg_llama3_list", {"rope_parameters": {**llama3, "factor": [8.0]}}),
+                         ("cfg_llama3_flat", {"rope_parameters": {**llama3, "low_freq_factor": 4.0}}),
+                         ("cfg_tie_str", {"tie_word_embeddings": "false"}), ("cfg_bias_int", {"attention_bias": 0})):
+        _variant(d, name, {**base, **change})
+    weights = load_file(str(d / "model" / "model.safetensors"))
+    for name, shard in (("wm_int", 5), ("wm_up", "../model/model.safetensors"), ("wm_list", ["model.safetensors"])):
+        _variant(d, name, base, skip=("model.safetensors",))
+        (d / name / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {k: shard for k in weights}}))
+    _variant(d, "int8", base, skip=("model.safetensors",))
+    save_file({**weights, "model.norm.weight": weights["model.norm.weight"].to(torch.int8)},
+              str(d / "int8" / "model.safetensors"))
+    _variant(d, "dup", base, skip=("model.safetensors",))  # one weight in two shards: which wins would be a guess
+    keys = sorted(weights)
+    save_file({k: weights[k] for k in keys[: len(keys) // 2 + 1]}, str(d / "dup" / "model-00001-of-00002.safetensors"))
+    save_file({k: weights[k] for k in keys[len(keys) // 2:]}, str(d / "dup" / "model-00002-of-00003.safetensors"))
+    heads = random_heads_sd()
+    save_file({**heads, "0.0.linear.weight": heads["0.0.linear.weight"].to(torch.int8)}, str(d / "heads_int8.safetensors"))
+    save_file({("00" + k[1:] if k.startswith("0.0.") else k): v for k, v in heads.items()}, str(d / "heads_00.safetensors"))
+    save_file({**heads, "00.0.linear.bias": heads["0.0.linear.bias"].clone()}, str(d / "heads_beside.safetensors"))
+    for name, template in (("chat_unparsable", "{% for m in messages %}{{ m.content }"),
+                           ("chat_raises", "{{ raise_exception('this template takes no user turns') }}")):
+        m = d / name
+        m.mkdir()
+        for f in ("config.json", "model.safetensors", "tokenizer.json", "medusa_heads.safetensors"):
+            (m / f).symlink_to(DEMO_DIR / f)
+        cfg = json.loads((DEMO_DIR / "tokenizer_config.json").read_text())
+        (m / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": template}))
+    (d / "latency_inf.json").write_text('{"points": [{"nodes": 0, "step_ms": Infinity}, {"nodes": 4, "step_ms": Infinity}]}')
+    (d / "medusa_short_prob.jsonl").write_text("\n".join(json.dumps(x) for x in (
+        {"type": "header", "mode": "medusa", "acceptance": "typical"},
+        {"step": 0, "accepted_tokens": [1, 2], "accepted_nodes": [0, 1], "tree": [[0], [1], [0, 0]],
+         "accept_prob": [None, 0.5]})) + "\n")
+    (d / "topk20.json").write_text(json.dumps({"medusa_choices": [[0], [15]], "topk": 20}))
+    import numpy as np
+
+    np.save(d / "ids_past_vocab.npy", np.array([1, 2, 3] * 200 + [10**6], dtype=np.int64))
+    for name in ("fifo.json", "fifo.jsonl", "fifo.safetensors", "fifo.npy", "fifo_out.json", "fifo_out.jsonl",
+                 "fifo_out.safetensors"):
+        os.mkfifo(d / name)
     (d / "a_dir").mkdir()
     (d / "earlier_traces.jsonl").write_text('{"type": "header", "mode": "ar"}\n')
     return d
+
+
+def _variant(d, name, config, skip=()):
+    """A copy of the corpus model (files linked) with its own config.json, leaving out `skip`."""
+    m = d / name
+    m.mkdir()
+    (m / "config.json").write_text(json.dumps(config))
+    for f in (d / "model").iterdir():
+        if f.name != "config.json" and f.name not in skip:
+            (m / f.name).symlink_to(f)
 
 
 def _run_cli(module: str, argv: list[str], capsys) -> tuple[int, str]:
@@ -139,12 +194,54 @@ def bad_cases(d):
         ("engine", ["generate", "--model", m, "--prompt-ids", "1,2", "--device", "cpu", "--tree", str(d / "topk3.json")],
          "rank 5 is outside"),
         ("engine", ["inspect", str(d / "nope")], "no such file"),
+        # round 3: hostile files, counts checked before products, crashes that became one line
+        *[("trees", [cmd, *args], "not a regular file") for cmd, args in (
+            ("stats", [str(d / "fifo.jsonl")]), ("optimize", ["--traces", str(d / "fifo.jsonl"), "--out", str(d / "o.json")]),
+            ("optimize", ["--traces", ROOT + "/models/demo/tune_traces.jsonl", "--nodes", "4", "--out",
+                          str(d / "fifo_out.json"), "--overwrite"]))],
+        *[("engine", argv, "not a regular file") for argv in (
+            ["inspect", str(d / "fifo.safetensors")],
+            ["generate", "--prompt", "x", "--device", "cpu", "--trace", str(d / "fifo_out.jsonl")],
+            ["collect-traces", "--out", str(d / "fifo_out.jsonl"), "--device", "cpu", "--prompts", "1"],
+            ["eval-heads", "--model", m, "--data", str(d / "fifo.npy"), "--device", "cpu"],
+            ["generate", "--model", m, "--heads", str(d / "fifo.safetensors"), "--prompt-ids", "1,2", "--device", "cpu"],
+            ["convert-heads", str(d / "model"), "--to", "safetensors", "--out", str(d / "fifo_out.safetensors")])],
+        ("trees", ["stats", ROOT + "/models/demo/tune_traces.jsonl", "--samples", str(10**9)], "resamples are 0..100000"),
+        ("trees", ["optimize", "--traces", ROOT + "/models/demo/tune_traces.jsonl", "--latency", str(d / "latency_inf.json"),
+                   "--out", str(d / "o.json")], "step_ms a number in"),
+        ("trees", ["experiment", "--medusa-tune", str(d / "medusa_short_prob.jsonl"), "--tree", "[[0], [1], [0, 0]]"],
+         "'accept_prob' has 2 entries"),
+        ("engine", ["bench", "--threads", str(10**9)], "--threads 1000000000 is more"),
+        ("engine", ["eval-heads", "--model", m, "--data", str(d / "ids_past_vocab.npy"), "--device", "cpu", "--seq", "8"],
+         "token id 1000000 is outside the model's vocabulary"),
+        ("engine", ["generate", "--prompt", "x", "--device", "cpu", "--accept", "sample", "--top-p", "1e-46"], "top_p must be"),
+        ("engine", ["generate", "--prompt", "x", "--device", "cpu", "--accept", "sample", "--temperature", "1e-50"],
+         "temperature must be 0 (greedy) or at least"),
+        *[("engine", ["generate", "--model", str(d / name), "--prompt", "x", "--chat", "--device", "cpu"],
+           "chat template failed") for name in ("chat_unparsable", "chat_raises")],
+        *[("engine", ["generate", "--model", str(d / name), "--prompt-ids", "1,2", "--device", "cpu"], want)
+          for name, want in (("cfg_llama3_null", "rope low_freq_factor must be a positive number, got None"),
+                             ("cfg_llama3_list", "rope factor must be a positive number, got [8.0]"),
+                             ("cfg_llama3_flat", "high_freq_factor > low_freq_factor"),
+                             ("cfg_tie_str", "tie_word_embeddings must be true or false, got 'false'"),
+                             ("cfg_bias_int", "attention_bias must be true or false, got 0"),
+                             ("wm_int", "weight_map['lm_head.weight'] is 5"),
+                             ("wm_up", "expected a .safetensors file name in the model directory"),
+                             ("wm_list", "weight_map['lm_head.weight'] is ['model.safetensors']"),
+                             ("int8", "'model.norm.weight' is int8; weights must be float32"),
+                             ("dup", "duplicates"))],
+        *[("engine", ["generate", "--model", m, "--heads", str(d / name), "--prompt-ids", "1,2", "--device", "cpu"], want)
+          for name, want in (("heads_int8.safetensors", "'0.0.linear.weight' is int8"),
+                             ("heads_00.safetensors", "'00.0.linear.bias' matches no Medusa head format"),
+                             ("heads_beside.safetensors", "'00.0.linear.bias' matches no Medusa head format"))],
+        ("engine", ["convert-heads", str(d / "heads_int8.safetensors"), "--to", "safetensors", "--out", str(d / "c.st")],
+         "is int8; weights must be float32"),
     ]
 
 
 def test_every_bad_input_is_one_line_and_exit_2(corpus, capsys):
     cases = bad_cases(corpus)
-    assert len(cases) >= 45
+    assert len(cases) >= 84
     for module, argv, want in cases:
         code, err = _run_cli(module, argv, capsys)
         lines = err.strip().splitlines()
@@ -179,16 +276,16 @@ def test_non_utf8_argv_and_a_bad_port_are_one_line():
 # -- fuzzing ---------------------------------------------------------------------------------------------
 @FUZZ
 @given(value=json_values)
-def test_any_json_as_a_tree_gives_a_verdict_never_an_exception(wb, value):
-    msg, fig, normal = wb.validate_tree(json.dumps(value))
+def test_any_json_as_a_tree_gives_a_verdict_never_an_exception(tabs, value):
+    msg, fig, normal = tabs.editor.validate_tree(json.dumps(value))
     assert msg.startswith(("✓", "✗"))
     assert (fig is None) == msg.startswith("✗") == (normal is None)
 
 
 @FUZZ
 @given(text=st.text(max_size=200))
-def test_any_text_as_a_tree_gives_a_verdict(wb, text):
-    assert wb.validate_tree(text)[0].startswith(("✓", "✗"))
+def test_any_text_as_a_tree_gives_a_verdict(tabs, text):
+    assert tabs.editor.validate_tree(text)[0].startswith(("✓", "✗"))
 
 
 @FUZZ
@@ -234,18 +331,18 @@ def test_any_config_json_is_read_or_refused(change):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(args=st.tuples(json_values, json_values, json_values, json_values))
-def test_app_handlers_answer_anything_with_a_message(wb, args):
+def test_app_handlers_answer_anything_with_a_message(tabs, wb, args):
     s = wb.sessions.get("fuzz")
     a, b, c, d = args
-    for out in (wb.edit_tree(a, b if isinstance(b, str) else "add child", c, d), wb.save_tree(a, b, bool(c)),
-                wb.export_tree(a, b if isinstance(b, str) else "vllm"), wb.diff_trees(a, b, c),
-                wb.optimize_tree(s, a, b if isinstance(b, str) else "replay"), wb.load_run(s, a), wb.use_pool(s, a)):
+    for out in (tabs.editor.edit_tree(a, b if isinstance(b, str) else "add child", c, d), tabs.editor.save_tree(a, b, bool(c)),
+                tabs.editor.export_tree(a, b if isinstance(b, str) else "vllm"), tabs.editor.diff_trees(a, b, c),
+                tabs.tune.optimize_tree(s, a, b if isinstance(b, str) else "replay"), tabs.decode.load_run(s, a), tabs.tune.use_pool(s, a)):
         assert out is not None
     for x in (a, b):
-        assert isinstance(wb.validate_tree(x)[0], str)
-    ev = list(wb.decode(s, "def f():\n", a, b, "medusa", "greedy", 0.7, 1.0, 0, 2))
+        assert isinstance(tabs.editor.validate_tree(x)[0], str)
+    ev = list(tabs.decode.decode(s, "def f():\n", a, b, "medusa", "greedy", 0.7, 1.0, 0, 2))
     assert "error" in ev[0] or ev[-1]["done"]
-    res = wb.api_generate(s, "x", a if isinstance(a, str) else "demo_tuned", c if isinstance(c, str) else "medusa",
+    res = tabs.api.generate(s, "x", a if isinstance(a, str) else "demo_tuned", c if isinstance(c, str) else "medusa",
                           "greedy", d, 1.0, None, 2)
     assert "error" in res or "token_ids" in res
     try:
@@ -254,7 +351,7 @@ def test_app_handlers_answer_anything_with_a_message(wb, args):
         assert str(e)
 
 
-def test_truncated_deep_huge_and_out_of_range_trees(wb, tmp_path):
+def test_truncated_deep_huge_and_out_of_range_trees(tabs, wb, tmp_path):
     f = tmp_path / "t.json"
     trees.save_tree(trees.TreeFile(trees.preset("mc_sim_7b_63"), num_heads=4, name="t"), f)
     text = f.read_text()
@@ -265,20 +362,20 @@ def test_truncated_deep_huge_and_out_of_range_trees(wb, tmp_path):
     deep = [[0] * d for d in range(1, 2000)]
     with pytest.raises(trees.TreeError, match="exceeds the limit of 64"):
         trees.validate(deep)
-    assert "depth 5 exceeds the 4 heads" in wb.validate_tree(json.dumps(deep))[0]
+    assert "depth 5 exceeds the 4 heads" in tabs.editor.validate_tree(json.dumps(deep))[0]
     big = [[a, b, c] for a in range(10) for b in range(10) for c in range(10)]
-    msg = wb.validate_tree(json.dumps(big))[0]
-    ev = list(wb.decode(wb.sessions.get("x"), "x", EDITOR, json.dumps(big), max_new_tokens=4))
+    msg = tabs.editor.validate_tree(json.dumps(big))[0]
+    ev = list(tabs.decode.decode(wb.sessions.get("x"), "x", EDITOR, json.dumps(big), max_new_tokens=4))
     assert "more than 511 nodes" in msg and "more than 511 nodes" in ev[0]["error"]  # editor and decode agree
-    assert "nested too deeply" in wb.validate_tree(DEEP)[0]
-    assert "too many digits" in wb.validate_tree("[[" + "9" * 5000 + "]]")[0]  # a verdict, not a crash
+    assert "nested too deeply" in tabs.editor.validate_tree(DEEP)[0]
+    assert "too many digits" in tabs.editor.validate_tree("[[" + "9" * 5000 + "]]")[0]  # a verdict, not a crash
     for bad, rule in (([[10]], "rank"), ([[-1]], "rank"), ([[0.5]], "integer"), ([["0"]], "integer"), ([[]], "empty"),
                       ([[0], [0]], "duplicate"), ({"medusa_choices": "[[0]]"}, "list"), ([], "empty")):
-        msg = wb.validate_tree(json.dumps(bad))[0]
+        msg = tabs.editor.validate_tree(json.dumps(bad))[0]
         assert msg.startswith("✗") and rule in msg.lower(), (bad, msg)
 
 
-def test_validators_agree_everywhere(wb, demo_engine, tmp_path):
+def test_validators_agree_everywhere(tabs, demo_engine, tmp_path):
     """The trees CLI, the engine, and the editor's validator and save refuse the same trees."""
     from trees.__main__ import main as trees_main
 
@@ -288,15 +385,15 @@ def test_validators_agree_everywhere(wb, demo_engine, tmp_path):
         with pytest.raises(GenerationError):
             demo_engine.generate("x", 2, tree=bad)
         assert trees_main(["validate", str(f)]) == 2
-        assert wb.validate_tree(json.dumps(bad))[0].startswith("✗")
-        assert wb.save_tree("x", json.dumps(bad))[0].startswith("✗")
+        assert tabs.editor.validate_tree(json.dumps(bad))[0].startswith("✗")
+        assert tabs.editor.save_tree("x", json.dumps(bad))[0].startswith("✗")
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt=st.one_of(st.text(max_size=300), st.sampled_from(["", " ", "\n\t\r", "\x00" * 40, "\u202e\u0301" * 30,
                                                                   "🙂" * 50, "a\x1b[2J" * 20, "\ud800 lone"])))
-def test_any_prompt_decodes_or_says_why(wb, prompt):
-    events = list(wb.decode(wb.sessions.get("prompts"), prompt, "demo_tuned", "", max_new_tokens=2))
+def test_any_prompt_decodes_or_says_why(tabs, wb, prompt):
+    events = list(tabs.decode.decode(wb.sessions.get("prompts"), prompt, "demo_tuned", "", max_new_tokens=2))
     assert events and ("error" in events[0] or events[-1]["done"])
     if "error" in events[0]:
         assert events[0]["error"] in ("the prompt is empty", "the prompt is not valid Unicode text (it holds a lone "
@@ -304,14 +401,14 @@ def test_any_prompt_decodes_or_says_why(wb, prompt):
         assert "internal error" not in events[0]["error"]
 
 
-def test_megabyte_prompt_is_refused_and_the_app_keeps_serving(wb, demo_engine):
+def test_megabyte_prompt_is_refused_and_the_app_keeps_serving(tabs, wb, demo_engine):
     s = wb.sessions.get("mb")
-    before = list(wb.decode(s, "def f(x):\n", "demo_tuned", "", max_new_tokens=12))[-1]["html"]
-    ev = list(wb.decode(s, "x" * 1_000_000, "demo_tuned", "", max_new_tokens=4))
+    before = list(tabs.decode.decode(s, "def f(x):\n", "demo_tuned", "", max_new_tokens=12))[-1]["html"]
+    ev = list(tabs.decode.decode(s, "x" * 1_000_000, "demo_tuned", "", max_new_tokens=4))
     assert "limit is 20000" in ev[0]["error"]
     with pytest.raises(GenerationError, match="exceeds the context"):
         demo_engine.generate("def f():\n" * 100_000, 4)
-    assert list(wb.decode(s, "def f(x):\n", "demo_tuned", "", max_new_tokens=12))[-1]["html"] == before
+    assert list(tabs.decode.decode(s, "def f(x):\n", "demo_tuned", "", max_new_tokens=12))[-1]["html"] == before
 
 
 @FUZZ
@@ -423,8 +520,15 @@ def test_orphan_temp_files_are_cleaned_and_saved_trees_are_readable(tmp_path, de
 def test_live_app_under_concurrency_cancel_stop_and_faults():
     from workbench.loadtest import report, run
 
-    out = run(sessions=12, sequential=10, tokens=8, streamed=4, flood=24)
+    out = run(sessions=12, sequential=10, tokens=8, streamed=4, flood=24, others=12, distinct=12, soak_minutes=0.25)
     md = report(out, "loadtest")  # the markdown of benchmarks/reliability.md renders every part
+    assert "distinct sessions" in md and "Soak:" in md and "killed 1 s into" in md
+    stop = out["stop_after_sessions"]  # the run that outlived 12 other sessions could still be stopped
+    assert stop["others_answered"] == 12 and stop["run_still_going_at_stop"] and "stopped by user" in stop["stats"], stop
+    dropped = out["dropped_client"]
+    assert dropped["finish"] == "user" and dropped["tokens_decoded"] < 900, dropped
+    assert out["distinct_sessions"]["failed"] == 0
+    assert out["soak"]["requests"]["unexpected"] == 0 and out["soak"]["requests"]["generate"] > 0, out["soak"]
     assert "| saved tree | 200 |" in md and "stopped by user" in md and "10 sequential requests: 0 outputs" in md
     assert out["concurrent"] == {**out["concurrent"], "completed": 12, "identical_to_single": 12}
     assert out["cancel"]["next_run_ok"]
@@ -441,3 +545,86 @@ def test_live_app_under_concurrency_cancel_stop_and_faults():
         "saved tree", "upload 10 KB", "upload 2 MB", "20 files of 1 MB in one request")), access
     assert out["many_heads_file"]["ratio"] < 2 and "20000 heads" in out["many_heads_file"]["error"]
     assert out["flood"]["crashed"] == 0 and out["flood"]["answered"] == out["flood"]["sessions"]
+
+
+# -- round 3: validation before allocation, only regular files, API types ----------------------------
+def _peak_bytes(fn) -> int:
+    """Peak Python allocation while fn runs (tracemalloc): a bound on the work done, not a timing."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        fn()
+    except ValueError:
+        pass
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak
+
+
+def test_counts_are_checked_before_their_product_is_built():
+    with pytest.raises(trees.TreeError, match=r"each in \[1, 1024\]"):
+        trees.from_counts([1, 4000, 4000])  # built 16 M paths before refusing them, once
+    with pytest.raises(trees.TreeError, match="more than 511 nodes"):
+        trees.from_counts([1, 1024, 1024])
+    assert _peak_bytes(lambda: trees.from_counts([1, 1024, 1024])) < 1_000_000
+    assert trees.from_counts([1, 2, 3]) == [[0], [1]] + [[a, b] for a in range(2) for b in range(3)]
+    with pytest.raises(ValueError, match="samples must be"):
+        trees.estimate([[0]], trees.ar_runs(trees.read_runs(DEMO_DIR / "tune_traces.jsonl")), samples=10**9)
+
+
+def test_a_trace_line_is_bounded_while_it_is_read(tmp_path):
+    from trees.stats import MAX_TRACE_LINE
+
+    f = tmp_path / "one_line.jsonl"
+    f.write_text("[" * (3 * MAX_TRACE_LINE))  # 24 MiB and no newline
+    with pytest.raises(trees.TraceError, match=r"one_line.jsonl:1: a line longer than"):
+        trees.read_runs(f)
+    assert _peak_bytes(lambda: trees.read_runs(f)) < 3 * MAX_TRACE_LINE  # the whole line was read once
+
+
+def test_only_regular_files_are_read_or_replaced(tmp_path):
+    import stat
+
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(trees.TraceError, match="not a regular file"):  # once: a hang until a writer came
+        trees.read_runs(fifo)
+    for target in (fifo, tmp_path):
+        with pytest.raises(trees.OutputPathError):
+            trees.save_tree(trees.TreeFile([[0]]), target, overwrite=True)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)  # never replaced
+    node = tmp_path / "null_node"
+    try:
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # what /dev/null is, in a folder of ours
+    except PermissionError:
+        pytest.skip("creating a device node needs CAP_MKNOD")
+    from trees.__main__ import main as trees_main
+
+    assert trees_main(["optimize", "--traces", str(DEMO_DIR / "tune_traces.jsonl"), "--nodes", "4", "--out", str(node),
+                       "--overwrite"]) == 2
+    assert stat.S_ISCHR(os.stat(node).st_mode)  # `--out /dev/null --overwrite` as root replaced the real one
+
+
+def test_engine_api_types_are_checked(demo_engine):
+    with pytest.raises(GenerationError, match="not bytes"):
+        demo_engine.generate(b"def f():", 4)  # bytes were decoded as token ids
+    with pytest.raises(GenerationError, match="stop_on_eos must be true or false"):
+        demo_engine.generate("def f():", 4, stop_on_eos="false")  # a non-empty string was true
+    for kw, msg in ((dict(temperature=1e-50), "temperature must be 0"), (dict(top_p=1e-46), "top_p must be")):
+        with pytest.raises(GenerationError, match=msg):
+            demo_engine.generate("def f():", 4, accept="sample", **kw)
+
+
+def test_a_txt_prompt_file_is_text_and_trees_commands_accept_what_validate_accepts(tmp_path, capsys):
+    from engine.prompts import read_prompts
+    from trees.__main__ import main as trees_main
+
+    f = tmp_path / "p.txt"
+    f.write_text('{"prompt": "not JSON lines: a .txt file is text"}\n---\ndef g():\n')
+    assert [p.text for p in read_prompts(f)] == ['{"prompt": "not JSON lines: a .txt file is text"}\n', "def g():\n"]
+    tree = tmp_path / "topk20.json"
+    tree.write_text(json.dumps({"medusa_choices": [[0], [15]], "topk": 20}))
+    for argv in (["validate", str(tree)], ["show", str(tree)], ["export", str(tree), "--to", "trtllm"]):
+        assert trees_main(argv) == 0, capsys.readouterr().err
+    assert "[[0],[15]]" in capsys.readouterr().out

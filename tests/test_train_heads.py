@@ -179,12 +179,12 @@ def test_train_heads_learns_resumes_and_stops_on_sigterm(tmp_path, llama_dir):
 
 def test_read_sequences_takes_a_distill_folder_or_text(tmp_path, llama_dir):
     np.save(tmp_path / "tok.npy", np.arange(50) % VOCAB)
-    s = read_sequences(tmp_path / "tok.npy", llama_dir, 20)
+    s = read_sequences(tmp_path / "tok.npy", llama_dir, 20, VOCAB)
     assert len(s) == 2 and s.answer_start.tolist() == [0, 0]
     from engine.train.data import write_shard
 
     write_shard(tmp_path / "d", 0, Sequences.from_list([[1, 2, 3]], [1]))
-    assert read_sequences(tmp_path / "d", llama_dir, 20).answer_start.tolist() == [1]
+    assert read_sequences(tmp_path / "d", llama_dir, 20, VOCAB).answer_start.tolist() == [1]
 
 
 def test_greedy_continuations_equal_generate_without_eos(llama_dir):

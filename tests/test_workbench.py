@@ -10,12 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import tabs_of
 
 import trees
 from engine.loading import DEMO_DIR
 from workbench import figures
-from workbench.handlers import EDITOR, RunState, UserError, Workbench
+from workbench.core import EDITOR, Workbench
 from workbench.layout import Box, place_labels, tidy_layout, tree_graph
+from workbench.session import RunState, UserError
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +26,14 @@ def wb(demo_engine, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def run(wb):
+def tabs(wb):
+    return tabs_of(wb)
+
+
+@pytest.fixture(scope="module")
+def run(tabs, wb):
     session = wb.sessions.get("fixture")
-    events = list(wb.decode(session, "def main():\n", "mc_sim_7b_63", "", "medusa", "greedy", 0.7, 1.0, 0, 60))
+    events = list(tabs.decode.decode(session, "def main():\n", "mc_sim_7b_63", "", "medusa", "greedy", 0.7, 1.0, 0, 60))
     assert events[-1]["done"]
     return session.run
 
@@ -139,26 +146,26 @@ def test_other_figures(run):
     assert figures.tree_figure(trees.preset("chain_3"), [0.5, 0.3, 0.1], "P").data
 
 
-def test_stream_equals_ar_and_the_run_is_saved_and_reloadable(wb, run, demo_engine):
+def test_stream_equals_ar_and_the_run_is_saved_and_reloadable(tabs, wb, run, demo_engine):
     ar = demo_engine.generate("def main():\n", 60, mode="ar")
     assert run.stream == ar.token_ids and "".join(run.pieces) == ar.text
     listed = [r["id"] for r in wb.store.list_runs()]
     assert run.run_id in listed
     other = wb.sessions.get("reloader")
-    assert wb.load_run(other, run.run_id).startswith("loaded run")
+    assert tabs.decode.load_run(other, run.run_id).startswith("loaded run")
     assert other.run.stream == run.stream and other.run.head_hits == run.head_hits
-    tree_fig, head_fig, table = wb.step_view(other, 2)
+    tree_fig, head_fig, table = tabs.decode.step_view(other, 2)
     assert tree_fig.layout.title.text.startswith("step 2") and len(table) == 64 and head_fig.data
 
 
-def test_each_sessions_stop_ends_only_its_own_run(wb, demo_engine):
+def test_each_sessions_stop_ends_only_its_own_run(tabs, wb, demo_engine):
     """Two sessions decode at once (one waits for the engine): B's Stop ends B alone, within a step;
     A's output is a solo run's."""
     a, b = wb.sessions.get("A"), wb.sessions.get("B")
     out = {}
 
     def go(name, session, tokens):
-        out[name] = list(wb.decode(session, "import os\n", "mc_sim_7b_63", "", "medusa", "greedy", 0.7, 1.0, 0, tokens))
+        out[name] = list(tabs.decode.decode(session, "import os\n", "mc_sim_7b_63", "", "medusa", "greedy", 0.7, 1.0, 0, tokens))
 
     ta = threading.Thread(target=go, args=("A", a, 300))
     tb = threading.Thread(target=go, args=("B", b, 300))
@@ -166,7 +173,7 @@ def test_each_sessions_stop_ends_only_its_own_run(wb, demo_engine):
     tb.start()
     while b.run is None or len(b.run.traces) < 3:  # B decodes once A is done with the engine
         time.sleep(0.01)
-    wb.stop(b)
+    wb.sessions.stop(b.id)
     ta.join(60)
     tb.join(60)
     assert out["A"][-1]["done"] and "stopped: length" in out["A"][-1]["stats"]
@@ -176,7 +183,7 @@ def test_each_sessions_stop_ends_only_its_own_run(wb, demo_engine):
 
 
 class SteppedClock:
-    """The handlers' `time` module with a monotonic clock that moves `per_step` seconds per reading (the
+    """The Decode tab's `time` module with a monotonic clock that moves `per_step` seconds per reading (the
     decode loop reads it once per step), so throttling is tested without depending on the machine's
     speed; everything else is the real module."""
 
@@ -192,18 +199,18 @@ class SteppedClock:
 
 
 @pytest.mark.parametrize("per_step", [1 / 16, 1 / 4])
-def test_streaming_is_throttled_not_resent(wb, monkeypatch, per_step):
+def test_streaming_is_throttled_not_resent(tabs, wb, monkeypatch, per_step):
     """Text updates come at most every THROTTLE_S, figure traces at most every FIGURE_S, plus the last
     step's and the closing update; the text only grows at its end. At 1/16 s a step that is a text update
     every 4th step and a figure every 16th; at 1/4 s a step (slower than the throttle) every step's text
     and every 4th step's figure."""
-    from workbench import handlers
+    from workbench.tabs import decode as decode_tab
 
-    monkeypatch.setattr(handlers, "time", SteppedClock(per_step))
+    monkeypatch.setattr(decode_tab, "time", SteppedClock(per_step))
     session = wb.sessions.get("throttle")
-    events = list(wb.decode(session, "def f(x):\n", "demo_tuned", "", "medusa", "greedy", 0.7, 1.0, 0, 200))
+    events = list(tabs.decode.decode(session, "def f(x):\n", "demo_tuned", "", "medusa", "greedy", 0.7, 1.0, 0, 200))
     steps = len(session.run.traces)
-    text_every, fig_every = math.ceil(handlers.THROTTLE_S / per_step), math.ceil(handlers.FIGURE_S / per_step)
+    text_every, fig_every = math.ceil(decode_tab.THROTTLE_S / per_step), math.ceil(decode_tab.FIGURE_S / per_step)
     assert steps > 2 * fig_every and events[-1]["done"]
     streamed = events[:-1]  # the closing update repeats the final state
     assert len(streamed) == len(range(0, steps - 1, text_every)) + 1  # every text_every-th step, and the last
@@ -215,11 +222,11 @@ def test_streaming_is_throttled_not_resent(wb, monkeypatch, per_step):
         assert b["html"].startswith(a["html"])
 
 
-def test_saved_runs_record_their_acceptance_rule(wb):
+def test_saved_runs_record_their_acceptance_rule(tabs, wb):
     """The saved trace's header names the rule as the trace schema does (`acceptance`), so a typical run
     reads back as typical (and the step-start estimator treats it as one)."""
     session = wb.sessions.get("typical-saver")
-    events = list(wb.decode(session, "def f(x):\n", "mc_sim_7b_63", "", "medusa", "typical", 0.8, 1.0, 0, 30))
+    events = list(tabs.decode.decode(session, "def f(x):\n", "mc_sim_7b_63", "", "medusa", "typical", 0.8, 1.0, 0, 30))
     assert events[-1]["done"] and session.run.run_id
     path = wb.store.run_dir(session.run.run_id) / "trace.jsonl"
     (run,) = trees.read_runs(path)
@@ -232,37 +239,37 @@ def test_saved_runs_record_their_acceptance_rule(wb):
     assert "accept" in header and trees.read_runs(path)[0].acceptance == "typical"
 
 
-def test_one_prediction_for_a_tree_everywhere_and_it_is_exact_on_its_own_prompts(wb, demo_engine):
+def test_one_prediction_for_a_tree_everywhere_and_it_is_exact_on_its_own_prompts(tabs, wb, demo_engine):
     """Editor, Tune and the saved file give the same replayed prediction; confirmed on the very prompts
     the traces came from, prediction and measurement are equal (greedy replay is exact)."""
     session = wb.sessions.get("tuner")
     prompts = wb.prompt_set("held-out", "", None, 3)
-    assert "collected" in wb.collect(session, prompts, 48)
-    tree_json, msg, _ = wb.optimize_tree(session, 10, "replay")
+    assert "collected" in tabs.tune.collect(session, prompts, 48)
+    tree_json, msg, _ = tabs.tune.optimize_tree(session, 10, "replay")
     assert msg.startswith("✓") and len(json.loads(tree_json)) == 10
     choices = json.loads(tree_json)
     pred = wb.predict(session, choices)
     value = f"{pred.estimate.value:.3f}"
-    assert value in msg and value in wb.validate_tree(tree_json, session)[0]
-    saved_msg, path = wb.save_tree("tuned10", tree_json, session=session)
+    assert value in msg and value in tabs.editor.validate_tree(tree_json, session)[0]
+    saved_msg, path = tabs.editor.save_tree("tuned10", tree_json, session=session)
     assert trees.load_tree(path).expected_accepted == pytest.approx(pred.estimate.value, abs=1e-4)
-    confirm = wb.confirm_tree(session, tree_json, prompts, 48)
+    confirm = tabs.tune.confirm_tree(session, tree_json, prompts, 48)
     measured = float(re.search(r"measured ([0-9.]+) tokens/step", confirm).group(1))
     assert measured == pytest.approx(pred.estimate.value, abs=1e-3) and "+0.0 %" in confirm.replace("-0.0 %", "+0.0 %")
     assert "replay" in pred.message and "CI" in pred.message
 
 
-def test_size_choice_uses_measured_step_times(wb):
+def test_size_choice_uses_measured_step_times(tabs, wb):
     session = wb.sessions.get("sizer")
     session.latency = trees.latency_points({"points": [{"nodes": 0, "step_ms": 1.0}, {"nodes": 4, "step_ms": 1.2},
                                                        {"nodes": 16, "step_ms": 50.0}]})
     session.latency_source = "test"
-    tree_json, msg, fig = wb.optimize_tree(session, 64, "replay", by_latency=True)
+    tree_json, msg, fig = tabs.tune.optimize_tree(session, 64, "replay", by_latency=True)
     assert len(json.loads(tree_json)) == 4 and "size 4 chosen" in msg and fig is not None
 
 
-def test_saved_trees_are_listed_at_once_and_files_are_readable(wb):
-    msg, path = wb.save_tree("listed", "[[0], [1]]")
+def test_saved_trees_are_listed_at_once_and_files_are_readable(tabs, wb):
+    msg, path = tabs.editor.save_tree("listed", "[[0], [1]]")
     assert msg.startswith("✓") and "saved/listed" in wb.tree_names()
     import os
     import stat
@@ -271,27 +278,27 @@ def test_saved_trees_are_listed_at_once_and_files_are_readable(wb):
     assert wb.resolve_choice("saved/listed", "") == [[0], [1]]
 
 
-def test_handler_errors_are_messages(wb):
+def test_handler_errors_are_messages(tabs, wb):
     s = wb.sessions.get("errors")
-    assert list(wb.decode(s, "   ", "mc_sim_7b_63", "")) == [{"error": "the prompt is empty"}]
-    assert "prefix [0] is missing" in list(wb.decode(s, "x", EDITOR, "[[0, 1]]"))[0]["error"]
-    assert "exceeds the context" in list(wb.decode(s, "x", "mc_sim_7b_63", "", max_new_tokens=5000))[0]["error"]
-    assert "limit is 20000" in list(wb.decode(s, "x" * 30000, "mc_sim_7b_63", ""))[0]["error"]
-    msg, fig, normal = wb.validate_tree("{not json")
+    assert list(tabs.decode.decode(s, "   ", "mc_sim_7b_63", "")) == [{"error": "the prompt is empty"}]
+    assert "prefix [0] is missing" in list(tabs.decode.decode(s, "x", EDITOR, "[[0, 1]]"))[0]["error"]
+    assert "exceeds the context" in list(tabs.decode.decode(s, "x", "mc_sim_7b_63", "", max_new_tokens=5000))[0]["error"]
+    assert "limit is 20000" in list(tabs.decode.decode(s, "x" * 30000, "mc_sim_7b_63", ""))[0]["error"]
+    msg, fig, normal = tabs.editor.validate_tree("{not json")
     assert msg.startswith("✗") and "not valid JSON" in msg and fig is None and normal is None
-    assert "prefix [0, 0] is missing" in wb.validate_tree("[[0], [0, 0, 0]]")[0]
-    assert "exceeds the 4 heads" in wb.validate_tree(json.dumps([[0]] + [[0] * d for d in range(2, 6)]))[0]
-    text, msg = wb.edit_tree("[[0]]", "add child", "[0]", 1)
+    assert "prefix [0, 0] is missing" in tabs.editor.validate_tree("[[0], [0, 0, 0]]")[0]
+    assert "exceeds the 4 heads" in tabs.editor.validate_tree(json.dumps([[0]] + [[0] * d for d in range(2, 6)]))[0]
+    text, msg = tabs.editor.edit_tree("[[0]]", "add child", "[0]", 1)
     assert json.loads(text) == [[0], [0, 1]] and "added" in msg
-    assert wb.edit_tree("[[0]]", "delete subtree", "[0]", 0)[1].startswith("✗ that would leave an empty tree")
-    assert wb.export_tree("[[0], [0, 0]]", "vllm") == "[(0,), (0, 0)]"
-    assert "added 1" in wb.diff_trees("chain_1", "chain_2", "")
+    assert tabs.editor.edit_tree("[[0]]", "delete subtree", "[0]", 0)[1].startswith("✗ that would leave an empty tree")
+    assert tabs.editor.export_tree("[[0], [0, 0]]", "vllm") == "[(0,), (0, 0)]"
+    assert "added 1" in tabs.editor.diff_trees("chain_1", "chain_2", "")
     # counts are never truncated: 2.5 prompts, 12.5 nodes or rank 1.5 is an error, not 2, 12 or 1
     with pytest.raises(UserError, match="number of prompts must be a whole number"):
         wb.prompt_set("held-out", "", None, 2.5)
     assert len(wb.prompt_set("held-out", "", None, 2.0)) == 2
-    assert s.pool and "nodes must be a whole number" in wb.optimize_tree(s, 12.5, "replay")[1]
-    assert "rank must be a whole number" in wb.edit_tree("[[0]]", "add child", "[0]", 1.5)[1]
+    assert s.pool and "nodes must be a whole number" in tabs.tune.optimize_tree(s, 12.5, "replay")[1]
+    assert "rank must be a whole number" in tabs.editor.edit_tree("[[0]]", "add child", "[0]", 1.5)[1]
 
 
 def test_app_over_gradio_client_with_defaults(wb):
@@ -332,12 +339,12 @@ def test_app_over_gradio_client_with_defaults(wb):
         app.close()
 
 
-def test_rule_comparison_has_a_row_per_registered_rule(wb):
+def test_rule_comparison_has_a_row_per_registered_rule(tabs, wb):
     from engine.accept import RULES
 
     session = wb.sessions.get("rules")
-    rows, msg = wb.compare_rules(session, "chain_2", "", wb.prompt_set("pasted", "def f(x):", None, 1), 0.8, 1,
-                                 max_new_tokens=8)
+    rows, msg = tabs.compare.compare_rules(session, "chain_2", "", wb.prompt_set("pasted", "def f(x):", None, 1), 0.8, 1,
+                                           max_new_tokens=8)
     assert [r[0] for r in rows] == [*RULES, "AR vs AR"] and "T = 0.8" in msg
     assert [r[1] for r in rows[:-1]] == [rule.lossless for rule in RULES.values()]
     assert all(r[2] >= 1 for r in rows[:-1]) and all(0 <= r[3] <= 1 for r in rows)

@@ -40,7 +40,7 @@ from . import (
     validate,
 )
 from .dynamic import RULES as DYNAMIC_RULES
-from .estimate import Replay
+from .estimate import MAX_BOOTSTRAP, Replay
 
 
 class Parser(argparse.ArgumentParser):
@@ -75,6 +75,16 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if not math.isfinite(v) or v <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return v
+
+
+def _samples(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= v <= MAX_BOOTSTRAP:
+        raise argparse.ArgumentTypeError(f"bootstrap resamples are 0..{MAX_BOOTSTRAP}, got {v}")
     return v
 
 
@@ -312,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stats", help="head accuracies; with --tree, its tokens/step by every estimator")
     st.add_argument("traces", nargs="+", help="AR trace files (pooled)")
     st.add_argument("--tree", default=None)
-    st.add_argument("--samples", type=int, default=1000, help="bootstrap resamples over runs")
+    st.add_argument("--samples", type=_samples, default=1000, help="bootstrap resamples over runs")
     o = sub.add_parser("optimize", help="the best tree of --nodes nodes for these traces")
     o.add_argument("--traces", required=True, nargs="+", help="AR trace files (pooled)")
     o.add_argument("--nodes", type=_positive, default=64)
@@ -326,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--time-limit", type=_seconds, default=None, metavar="SECONDS",
                    help="stop the replay optimiser's local search after this long (checked between its rounds)")
     o.add_argument("--folds", type=int, default=0, help="also report k-fold held-out tokens/step")
-    o.add_argument("--samples", type=int, default=1000)
+    o.add_argument("--samples", type=_samples, default=1000)
     o.add_argument("--name", default="optimised")
     o.add_argument("--out", required=True)
     o.add_argument("--overwrite", action="store_true")
@@ -337,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="typical / sample: Medusa-run traces (with accept_prob) of a tree containing the others, on tune prompts")
     x.add_argument("--tree", action="append", required=True, metavar="TREE[:MEASURED.jsonl]",
                    help="a preset or tree file, with the Medusa-run traces of it on the test prompts")
-    x.add_argument("--samples", type=int, default=1000)
+    x.add_argument("--samples", type=_samples, default=1000)
     x.add_argument("--paired", action="store_true",
                    help="also compare every tree with the first on the same prompts (gain with a bootstrap interval)")
     y = sub.add_parser("dynamic", help="static vs dynamic trees (a tree drafted per step) at equal node counts")
@@ -350,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--max-depth", type=_positive, default=None)
     y.add_argument("--time-limit", type=_seconds, default=None, metavar="SECONDS",
                    help="per static tree's local search (default 30)")
-    y.add_argument("--samples", type=int, default=1000)
+    y.add_argument("--samples", type=_samples, default=1000)
     y.set_defaults(method="replay")
     e = sub.add_parser("export", help="print a tree for another engine")
     e.add_argument("tree")

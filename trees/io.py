@@ -1,7 +1,10 @@
 """Tree files: the schema-1 JSON of docs/tree-format.md, bare lists, and other engines' formats.
 
 Saving is atomic (temp file in the same folder, fsync, rename) so a crash mid-save leaves the
-previous file whole, and it refuses to replace a different tree unless asked.
+previous file whole, and it refuses to replace a different tree unless asked. Every file this
+project reads or replaces goes through `open_for_reading` / `check_output_file` first: only
+regular files are opened or replaced (a FIFO would block the reader; `--out /dev/null` must never
+replace the device node).
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
+from typing import IO
 
-from .tree import MAX_TOPK, TreeError, as_lists, depth, validate
+from .tree import MAX_DEPTH, MAX_NODES, MAX_TOPK, TreeError, as_lists, depth, validate
 
 SCHEMA_VERSION = 1
 DEFAULT_TOPK = 10  # a tree's topk when its file does not say (Medusa's)
@@ -23,7 +27,12 @@ MAX_JSON_BYTES = 16 * 2**20  # tree, trace-line, latency and config files are fa
 
 
 class JsonInputError(ValueError):
-    """A JSON file or text that cannot be used: unreadable, too large, not JSON, nested too deep."""
+    """A file or JSON text that cannot be used: missing, not a regular file, unreadable, too large,
+    not JSON, nested too deep."""
+
+
+class OutputPathError(ValueError):
+    """A path that cannot be written: a directory, FIFO, device or socket stands there."""
 
 
 def parse_json(text: str, where: str, max_bytes: int = MAX_JSON_BYTES) -> object:
@@ -43,28 +52,67 @@ def parse_json(text: str, where: str, max_bytes: int = MAX_JSON_BYTES) -> object
         raise JsonInputError(f"{where}: a number with too many digits ({str(e).split(':')[0][:80]})") from None
 
 
-def read_text_file(path: str | os.PathLike, max_bytes: int = MAX_JSON_BYTES) -> str:
-    """A regular UTF-8 file of at most max_bytes: FIFOs, devices and directories are refused before
-    opening (reading a FIFO would block), so a bad path is an error, never a hang."""
+def _kind(mode: int) -> str | None:
+    """Why a file of this st_mode is refused, or None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a directory, not a file"
+    return "not a regular file (a FIFO, device or socket is refused)"
+
+
+def open_for_reading(path: str | os.PathLike, binary: bool = False) -> IO:
+    """Open a regular file for reading; anything else is a JsonInputError before a byte is read.
+    The open is non-blocking (opening a FIFO that has no writer would wait forever) and the opened
+    descriptor itself is checked, so a file swapped in after the first look is still refused."""
     p = FsPath(path)
     try:
-        st = os.stat(p)
+        why = _kind(os.stat(p).st_mode)
+        if why is None:
+            fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            why = _kind(os.fstat(fd).st_mode)
+            if why is not None:
+                os.close(fd)
     except FileNotFoundError:
         raise JsonInputError(f"{p}: no such file") from None
     except OSError as e:
         raise JsonInputError(f"{p}: cannot read ({e.strerror or e})") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise JsonInputError(f"{p}: is a directory, not a file")
-    if not stat.S_ISREG(st.st_mode):
-        raise JsonInputError(f"{p}: not a regular file (a FIFO or device is refused)")
-    if st.st_size > max_bytes:
-        raise JsonInputError(f"{p}: {st.st_size} bytes, more than the {max_bytes} allowed")
+    if why is not None:
+        raise JsonInputError(f"{p}: {why}")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb") if binary else os.fdopen(fd, encoding="utf-8")
+
+
+def check_output_file(path: str | os.PathLike) -> FsPath:
+    """A path a file may be written to or replaced at: nothing there yet, or a regular file (a
+    symlink counts as what it points to). A directory, FIFO or device is refused before anything is
+    opened or renamed over it."""
+    p = FsPath(path)
     try:
-        return p.read_text(encoding="utf-8")
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        return p
+    except OSError as e:
+        raise OutputPathError(f"{p}: cannot write here ({e.strerror or e})") from None
+    if stat.S_ISDIR(mode):
+        raise OutputPathError(f"{p}: is a directory; give a file path")
+    if not stat.S_ISREG(mode):
+        raise OutputPathError(f"{p}: not a regular file (a FIFO, device or socket is never written to or replaced)")
+    return p
+
+
+def read_text_file(path: str | os.PathLike, max_bytes: int = MAX_JSON_BYTES) -> str:
+    """A regular UTF-8 file of at most max_bytes (`open_for_reading`), read no further than that."""
+    p = FsPath(path)
+    with open_for_reading(p, binary=True) as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(max_bytes + 1) if size <= max_bytes else b""
+        if size > max_bytes or len(data) > max_bytes:
+            raise JsonInputError(f"{p}: {max(size, len(data))} bytes, more than the {max_bytes} allowed")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise JsonInputError(f"{p}: not UTF-8 text") from None
-    except OSError as e:
-        raise JsonInputError(f"{p}: cannot read ({e.strerror or e})") from None
 
 
 def read_json_file(path: str | os.PathLike, max_bytes: int = MAX_JSON_BYTES) -> object:
@@ -151,7 +199,7 @@ def load_tree(path: str | os.PathLike) -> TreeFile:
 def write_atomic(path: str | os.PathLike, data: str, tmp_dir: str | os.PathLike | None = None, mode: int = 0o644) -> FsPath:
     """Write text so that a crash leaves either the old file or the new one, never a torn one: a temp
     file (in tmp_dir, on the same filesystem, else beside the target), fsync, chmod, rename."""
-    p = FsPath(path)
+    p = check_output_file(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     where = FsPath(tmp_dir) if tmp_dir is not None else p.parent
     where.mkdir(parents=True, exist_ok=True)
@@ -232,14 +280,22 @@ def from_counts(counts: Sequence[int]) -> list[list[int]]:
     """Medusa 0.1's tree format: a count per level, the root's first, every product path kept.
     `[1, 7, 6]` is the root, head 0's top 7 under it and head 1's top 6 under each of those:
     7 + 42 = 49 nodes of depth 2 (as Medusa 0.1 builds it; the root is the base model's own token,
-    so its count is always 1)."""
-    if not counts or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts):
-        raise TreeError(f"per-level counts {list(counts)!r}: need a non-empty list of positive integers")
+    so its count is always 1). The node count (a sum of products) is checked before a path is built."""
+    if not counts or len(counts) > MAX_DEPTH + 1 or any(isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= MAX_TOPK
+                                                        for c in counts):
+        raise TreeError(f"per-level counts {list(counts)[:MAX_DEPTH + 2]!r}: need 2..{MAX_DEPTH + 1} positive integers, each in [1, {MAX_TOPK}]")
     if counts[0] != 1:
         raise TreeError(f"per-level counts {list(counts)!r}: the first count is the root's (the base model's "
                         "own token) and must be 1")
     if len(counts) == 1:
         raise TreeError("per-level counts [1]: only the root; give at least one head's count")
+    nodes = level = 1
+    for c in counts[1:]:
+        level *= c
+        nodes += level
+        if nodes - 1 > MAX_NODES:
+            raise TreeError(f"per-level counts {list(counts)!r}: the full tree has more than {MAX_NODES} nodes "
+                            "(the most one step verifies)")
     level: list[tuple[int, ...]] = [()]
     out: list[tuple[int, ...]] = []
     for c in counts[1:]:

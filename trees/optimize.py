@@ -12,6 +12,7 @@ says how the result does on prompts it was not tuned on.
 from __future__ import annotations
 
 import heapq
+import math
 import random
 import time
 from collections import Counter
@@ -190,6 +191,9 @@ class SizeChoice:
     curve: list[dict]
 
 
+MIN_STEP_MS, MAX_STEP_MS = 1e-6, 1e9  # a step of a nanosecond to eleven days: every tokens/s stays finite
+
+
 def latency_points(obj: object) -> dict[int, dict]:
     """Measured step times by tree size (non-root nodes; 0 = AR as the engine runs it) from a
     `bench --part latency` JSON ({"points": [{"nodes", "step_ms", "ci95"}...]}) or the older
@@ -206,8 +210,9 @@ def latency_points(obj: object) -> dict[int, dict]:
         else:
             raise ValueError(f"latency point {it!r}: expected {{'nodes': n, 'step_ms': ms}} or [nodes, ms]")
         if isinstance(n, bool) or not isinstance(n, int) or n < 0 or isinstance(ms, bool) or \
-                not isinstance(ms, (int, float)) or not ms > 0:
-            raise ValueError(f"latency point {it!r}: nodes must be an integer >= 0 and step_ms a positive number")
+                not isinstance(ms, (int, float)) or not MIN_STEP_MS <= ms <= MAX_STEP_MS:
+            raise ValueError(f"latency point {it!r}: nodes must be an integer >= 0 and step_ms a number in "
+                             f"[{MIN_STEP_MS}, {MAX_STEP_MS:.0e}] (milliseconds)")
         points[n] = {"step_ms": float(ms), "ci95": ci}
     return points
 
@@ -216,20 +221,23 @@ def select_size(expected_of_n: Callable[[int], float], latency: dict[int, dict],
     """Pick the measured size n maximising E(n) / t_step(n); only sizes whose step time was measured
     are candidates (no interpolation: a 1-3 node tree is not as cheap as a line through the AR point
     says). Size 0 is AR (E = 1)."""
-    curve = []
+    curve, rate = [], {}
     for n in sorted(latency):
         if max_nodes is not None and n > max_nodes:
             continue
         e = 1.0 if n == 0 else expected_of_n(n)
         ms = latency[n]["step_ms"]
+        if not (isinstance(ms, (int, float)) and MIN_STEP_MS <= ms <= MAX_STEP_MS and math.isfinite(e) and e > 0):
+            raise ValueError(f"size {n}: step_ms {ms!r} and E {e!r} must be finite and positive")
+        rate[n] = 1000.0 * e / ms
         curve.append({"nodes": n, "expected": round(e, 4), "step_ms": ms, "step_ms_ci95": latency[n]["ci95"],
-                      "tokens_per_s": round(1000.0 * e / ms, 2)})
+                      "tokens_per_s": round(rate[n], 2)})
     if not curve:
         raise ValueError("no measured tree size to choose from")
-    ranked = sorted(curve, key=lambda c: -c["tokens_per_s"])
+    ranked = sorted(curve, key=lambda c: -rate[c["nodes"]])
     best = ranked[0]
     second = ranked[1] if len(ranked) > 1 else None
-    margin = best["tokens_per_s"] / second["tokens_per_s"] - 1 if second else float("inf")
+    margin = rate[best["nodes"]] / rate[second["nodes"]] - 1 if second else float("inf")
     return SizeChoice(best["nodes"], best["expected"], best["step_ms"], best["tokens_per_s"], round(margin, 4),
                       second["nodes"] if second else None, curve)
 

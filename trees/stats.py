@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from .io import JsonInputError, parse_json
+from .io import JsonInputError, open_for_reading, parse_json
 from .tree import MAX_DEPTH
 
 RankVector = list[int | None]
@@ -69,6 +69,13 @@ class Run:
     def add_step(self, step: dict) -> None:
         """Append one step-trace dict (checked: TraceError names what is wrong)."""
         tokens, head_tokens, head_probs, accepted, probs, tree = _step(step)
+        if tree and self.tree and tree != self.tree:
+            raise TraceError("the steps of one run name different trees")
+        nodes = len(tree or self.tree or []) + 1
+        if probs is not None and len(probs) != nodes:
+            raise TraceError(f"'accept_prob' has {len(probs)} entries; the run's tree has {nodes} nodes with the root")
+        if (tree or self.tree) and accepted > nodes:
+            raise TraceError(f"{accepted} accepted nodes; the run's tree has {nodes} nodes with the root")
         self.tokens.append(tokens)
         self.head_tokens.append(head_tokens)
         self.head_probs.append(head_probs)
@@ -112,25 +119,26 @@ def _step(obj: dict) -> tuple[list[int], list[list[int]], list[list[float | None
     tree = obj.get("tree")
     if tree is not None and not (isinstance(tree, list) and all(isinstance(p, list) for p in tree)):
         raise TraceError("'tree' must be a list of paths")
+    for p in tree or []:
+        _ints(p, "each path of 'tree'")
     return tokens, head_tokens, head_probs, len(nodes), probs, tree
 
 
 def iter_trace_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
-    """(line number, object) of every non-empty line, each checked to be a JSON object."""
+    """(line number, object) of every non-empty line, each checked to be a JSON object. Lines are
+    read one at a time, each no further than MAX_TRACE_LINE characters: a file without newlines
+    costs that much memory, not its size."""
     try:
-        f = open(path, encoding="utf-8")
-    except FileNotFoundError:
-        raise TraceError(f"{path}: no such trace file") from None
-    except IsADirectoryError:
-        raise TraceError(f"{path}: is a directory, not a trace file") from None
-    except OSError as e:
-        raise TraceError(f"{path}: cannot read ({e.strerror or e})") from None
-    if not os.path.isfile(path):
-        f.close()
-        raise TraceError(f"{path}: not a regular file (a FIFO or device is refused)")
+        f = open_for_reading(path)
+    except JsonInputError as e:
+        raise TraceError(str(e)) from None
     with f:
+        n = 0
         try:
-            for n, line in enumerate(f, 1):
+            while line := f.readline(MAX_TRACE_LINE + 1):
+                n += 1
+                if len(line) > MAX_TRACE_LINE:
+                    raise TraceError(f"{path}:{n}: a line longer than {MAX_TRACE_LINE} characters")
                 if not line.strip():
                     continue
                 try:
@@ -142,6 +150,8 @@ def iter_trace_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
                 yield n, obj
         except UnicodeDecodeError:
             raise TraceError(f"{path}: not UTF-8 text") from None
+        except OSError as e:
+            raise TraceError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
 def read_runs(path: str | os.PathLike) -> list[Run]:

@@ -8,8 +8,10 @@ cancelled mid-run followed by a new one; two browser sessions (Debian's Chromium
 where one presses Stop (the other's output must be complete and equal to a solo run); a flood of
 concurrent sessions past the queue's size (each answered: a result or a 'queue is full' message);
 injected faults (bad requests between good ones; a KV cache too large for memory); what the file and
-upload routes serve; a heads file naming 20,000 heads (peak RSS against a plain demo load); and a
-memory series of streamed (browser) and plain (API) requests, the server's resident memory sampled
+upload routes serve; a heads file naming 20,000 heads (peak RSS against a plain demo load); a memory
+series of streamed (browser) and plain (API) requests; then many users: a Stop pressed after 100
+other sessions came and went during a run, a client killed mid-run, 200 distinct sessions of one
+request each, and a soak of mixed requests for `--soak-minutes`, the server's resident memory sampled
 along the way. Prints one JSON object; `--report FILE.json` turns such a JSON into the markdown of
 benchmarks/reliability.md.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import socket
 import subprocess
 import sys
@@ -111,6 +114,11 @@ def file_access(data_dir: Path, url: str) -> dict:
     return out
 
 
+def phase(name: str) -> None:
+    """A progress line on stderr: a full run takes half an hour and prints its JSON only at the end."""
+    print(f"loadtest {time.strftime('%H:%M:%S')}: {name}", file=sys.stderr, flush=True)
+
+
 def _predict(client, prompt, tree, tokens):
     return client.predict(prompt, tree, "medusa", "greedy", 0.7, 1.0, None, tokens, api_name="/generate")
 
@@ -163,7 +171,7 @@ def stop_isolation(url: str, chromium: str, tokens: int = 1000) -> dict:
         a.wait_for_function("document.querySelector('#stats').innerText.includes('tokens,')", timeout=120_000)
         a.wait_for_timeout(1000)
         t0 = time.perf_counter()
-        a.get_by_role("button", name="Stop").click()
+        a.get_by_role("button", name="Stop").click(timeout=120_000)  # a loaded machine can take long to click
         a.wait_for_function("document.querySelector('#stats').innerText.includes('stopped by user')", timeout=120_000)
         stop_s = time.perf_counter() - t0
         b.wait_for_function("document.querySelector('#stats').innerText.includes('stopped:')", timeout=300_000)
@@ -218,8 +226,171 @@ def many_heads(tmp: Path) -> dict:
             "many_heads_peak_rss_mib": round(peak, 1), "ratio": round(peak / base, 3), "error": said}
 
 
+def change_after_warmup(series: list[float], warm: int) -> dict:
+    """How far memory moved after the first `warm` samples: to the end, and at its highest."""
+    base, rest = series[warm - 1], series[warm:]
+    return {"from_mib": base, "end_pct": round(100 * (series[-1] / base - 1), 2),
+            "max_pct": round(100 * (max(rest, default=base) / base - 1), 2)}
+
+
+def stop_after_sessions(url: str, chromium: str, others: int, tokens: int = 1000) -> dict:
+    """A browser session decodes `tokens`; meanwhile `others` new sessions each check a tree (their
+    sessions come and go while the run holds its own); then Stop: seconds from the click to the page
+    saying so."""
+    from gradio_client import Client
+    from playwright.sync_api import sync_playwright
+
+    def visit(i: int) -> bool:
+        client = Client(url, verbose=False)
+        try:
+            return client.predict("[[0], [0, 0], [1]]", api_name="/validate_tree")["valid"]
+        finally:
+            client.close()
+
+    with sync_playwright() as p:
+        browser = launch(p, chromium)
+        pg = open_page(browser, url, RUN_COUNTER)
+        set_number(pg, "max new tokens", tokens)
+        pg.get_by_role("button", name="Generate").click()
+        pg.wait_for_function("document.querySelector('#stats').innerText.includes('tokens,')", timeout=120_000)
+        with ThreadPoolExecutor(8) as pool:
+            answered = sum(pool.map(visit, range(others)))
+        running = "stopped" not in pg.locator("#stats").inner_text()
+        t0 = time.perf_counter()
+        pg.get_by_role("button", name="Stop").click(timeout=120_000)  # a loaded machine can take long to click
+        pg.wait_for_function("document.querySelector('#stats').innerText.includes('stopped')", timeout=120_000)
+        out = {"other_sessions": others, "others_answered": answered, "run_still_going_at_stop": running,
+               "stop_click_to_page_s": round(time.perf_counter() - t0, 3), "stats": pg.locator("#stats").inner_text()}
+        browser.close()
+    return out
+
+
+DROPPED_CLIENT = """
+import sys, time
+from gradio_client import Client
+from gradio_client.utils import Status
+job = Client(sys.argv[1], verbose=False).submit("import os\\n", "demo_tuned", "medusa", "greedy", 0.7, 1.0, None,
+                                                int(sys.argv[2]), api_name="/generate")
+while job.status().code != Status.PROCESSING:
+    time.sleep(0.05)
+print("running", flush=True)
+time.sleep(600)
+"""
+
+
+def dropped_client(url: str, data_dir: Path, tokens: int = 900) -> dict:
+    """A gradio_client process killed (SIGKILL) 1 s into a run: seconds until the server has ended and
+    saved that run, and how much of it was decoded."""
+    runs = data_dir / "runs"
+    before = set(runs.iterdir())
+    p = subprocess.Popen([sys.executable, "-c", DROPPED_CLIENT, url, str(tokens)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "running"
+        time.sleep(1.0)
+        p.kill()
+        t0 = time.perf_counter()
+        p.wait(30)
+        while not (new := set(runs.iterdir()) - before) or not (next(iter(new)) / "settings.json").exists():
+            if time.perf_counter() - t0 > 120:
+                return {"run_ended_s_after_kill": None, "note": "no run was saved within 120 s"}
+            time.sleep(0.02)
+        ended = time.perf_counter() - t0
+    finally:
+        p.kill()
+    summary = json.loads((next(iter(new)) / "settings.json").read_text())
+    return {"max_new_tokens": tokens, "run_ended_s_after_kill": round(ended, 3), "tokens_decoded": summary["tokens"],
+            "finish": summary["finish"]}
+
+
+def many_sessions(url: str, n: int, server_pid: int, sample_every: int = 10) -> dict:
+    """n distinct sessions (a new gradio_client each), one /generate each; server RSS along the way."""
+    from gradio_client import Client
+
+    curve, failed = [], 0
+    for i in range(n):
+        client = Client(url, verbose=False)
+        try:
+            failed += "token_ids" not in _predict(client, f"def f{i}(x):\n", "demo_tuned", 8)
+        finally:
+            client.close()
+        if (i + 1) % sample_every == 0:
+            curve.append([i + 1, round(rss_mib(server_pid), 1)])
+    return {"sessions": n, "failed": failed, "rss_mib_curve": curve,
+            "after_warmup": change_after_warmup([m for _, m in curve], max(1, len(curve) // 5))}
+
+
+SOAK_TREES = ["demo_tuned", "chain_4", "mc_sim_7b_63", "[[0], [0, 0], [1]]"]
+
+
+def soak(url: str, minutes: float, server_pid: int, workers: int = 4, sample_s: float = 10.0) -> dict:
+    """`minutes` of mixed requests from `workers` threads: new and returning sessions, every mode and
+    acceptance rule, tree checks, optimisations and bad requests; server RSS every sample_s."""
+    import random
+    import threading
+
+    from gradio_client import Client
+
+    from engine.accept import RULES
+
+    stop_at = time.monotonic() + 60 * minutes
+    counts = {"generate": 0, "validate": 0, "optimize": 0, "bad": 0, "new_sessions": 0, "unexpected": 0}
+    lock = threading.Lock()
+
+    def worker(seed: int):
+        rng = random.Random(seed)
+        client = Client(url, verbose=False)
+        while time.monotonic() < stop_at:
+            if rng.random() < 0.2:  # a new user
+                client.close()
+                client = Client(url, verbose=False)
+                kind = "new_sessions"
+                with lock:
+                    counts[kind] += 1
+            r = rng.random()
+            try:
+                if r < 0.55:
+                    kind = "generate"
+                    got = client.predict(f"def g{rng.randrange(10**6)}():\n", rng.choice(SOAK_TREES),
+                                         rng.choice(["medusa", "ar"]), rng.choice(list(RULES)), 0.7, 1.0,
+                                         rng.randrange(100), rng.randrange(8, 48), api_name="/generate")
+                    ok = "token_ids" in got
+                elif r < 0.75:
+                    kind = "validate"
+                    ok = "valid" in client.predict(rng.choice(SOAK_TREES[3:] + ["[[1]]", "[[0], [0, 0, 0]]"]),
+                                                   api_name="/validate_tree")
+                elif r < 0.85:
+                    kind = "optimize"
+                    ok = "tree" in client.predict(rng.randrange(4, 32), "replay", api_name="/optimize_tree")
+                else:
+                    kind = "bad"
+                    prompt, tree, n, expect = rng.choice(BAD_REQUESTS)
+                    got = _predict(client, prompt, tree, n)
+                    ok = expect in got.get("error", "") if expect else "token_ids" in got
+            except Exception:  # counted: any exception here is one the app should not have caused
+                ok, kind = False, "unexpected"
+            with lock:
+                counts[kind] += 1
+                counts["unexpected"] += not ok and kind != "unexpected"
+        client.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(workers)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    curve = []
+    while any(t.is_alive() for t in threads):
+        curve.append([round(time.monotonic() - t0), round(rss_mib(server_pid), 1)])
+        time.sleep(sample_s)
+    for t in threads:
+        t.join()
+    warm = next((i + 1 for i, (s, _) in enumerate(curve) if s >= 120), len(curve))  # the first 2 minutes
+    return {"minutes": minutes, "workers": workers, "requests": counts, "rss_mib_curve": curve,
+            "after_2_min": change_after_warmup([m for _, m in curve], warm)}
+
+
 def run(sessions: int = 20, sequential: int = 200, tokens: int = 24, streamed: int = 0, flood: int = 80,
-        chromium: str | None = None, sample_every: int = 10) -> dict:
+        chromium: str | None = None, sample_every: int = 10, others: int = 100, distinct: int = 200,
+        soak_minutes: float = 0) -> dict:
     from gradio_client import Client
 
     import engine
@@ -232,6 +403,7 @@ def run(sessions: int = 20, sequential: int = 200, tokens: int = 24, streamed: i
     tree = "demo_tuned"
     out: dict = {"url_host": "127.0.0.1", "sessions": sessions, "tokens": tokens}
     try:
+        phase(f"{sessions} concurrent sessions")
         prompts = [heldout_prompts(sessions)[i % sessions] for i in range(sessions)]
         ref = Client(url, verbose=False)
         single = [_predict(ref, p, tree, tokens)["token_ids"] for p in prompts]
@@ -245,7 +417,7 @@ def run(sessions: int = 20, sequential: int = 200, tokens: int = 24, streamed: i
         out["concurrent"] = {"completed": sum(1 for t in together if t), "identical_to_single": sum(
             a == b for a, b in zip(together, single)), "wall_s": round(time.perf_counter() - t0, 2)}
 
-        # cancel a long request once it runs, then run again
+        phase("cancel")  # a long request once it runs, then run again
         job = ref.submit(prompts[0], tree, "medusa", "greedy", 0.7, 1.0, None, 900, api_name="/generate")
         time.sleep(1.0)
         job.cancel()
@@ -254,7 +426,11 @@ def run(sessions: int = 20, sequential: int = 200, tokens: int = 24, streamed: i
         out["cancel"] = {"next_run_ok": after == single[0],
                          "next_run_done_s_after_cancel": round(time.perf_counter() - t_cancel, 2)}
         if has_browser:
+            phase("stop isolation, then Stop after other sessions")
             out["stop_isolation"] = stop_isolation(url, chromium)
+            out["stop_after_sessions"] = stop_after_sessions(url, chromium, others)
+        phase("dropped client, flood, faults")
+        out["dropped_client"] = dropped_client(url, data_dir)
         out["flood"] = queue_flood(url, flood, prompts[0], tokens)
 
         faults = []
@@ -277,6 +453,7 @@ def run(sessions: int = 20, sequential: int = 200, tokens: int = 24, streamed: i
         out["file_access"] = file_access(data_dir, url)
         out["many_heads_file"] = many_heads(data_dir)
 
+        phase("sequential requests")
         curve, mismatches = [], 0
         t0 = time.perf_counter()
         if streamed and has_browser:
@@ -293,6 +470,12 @@ def run(sessions: int = 20, sequential: int = 200, tokens: int = 24, streamed: i
         out["sequential"] = {"requests": sequential, "mismatches": mismatches, "wall_s": round(time.perf_counter() - t0, 2),
                              "rss_mib_curve": curve,
                              "rss_change_after_warmup_pct": round(100 * (warm[-1] / warm[0] - 1), 2) if warm else None}
+        if distinct:
+            phase(f"{distinct} distinct sessions")
+            out["distinct_sessions"] = many_sessions(url, distinct, server.pid)
+        if soak_minutes:
+            phase(f"soak of {soak_minutes} minutes")
+            out["soak"] = soak(url, soak_minutes, server.pid)
     finally:
         server.terminate()
         try:
@@ -300,6 +483,11 @@ def run(sessions: int = 20, sequential: int = 200, tokens: int = 24, streamed: i
         except subprocess.TimeoutExpired:
             server.kill()
     return out
+
+
+def _verdict(value: float | None, target: float) -> str:
+    """The report says whether each issue-28 target was met, so a missed one cannot read as a pass."""
+    return "not measured" if value is None else "met" if value <= target else "MISSED"
 
 
 def _curve(points: list[list[float]]) -> str:
@@ -310,8 +498,9 @@ def report(out: dict, command: str) -> str:
     """benchmarks/reliability.md from one loadtest JSON."""
     c, f = out["concurrent"], out["flood"]
     lines = ["# Reliability figures", "",
-             f"`{command}` on {out.get('date', '?')}: the demo model on CPU, the app as its own process on a free",
-             "127.0.0.1 port (memory figures are the server's alone); `reliability_loadtest.json` is what it printed.",
+             f"`{command}` on {out.get('date', '?')}, {out.get('machine', 'machine not recorded')}: the demo model on",
+             "CPU, the app as its own process on a free 127.0.0.1 port (memory figures are the server's alone);",
+             "`reliability_loadtest.json` is what it printed.",
              "A smaller run of the same code is a test (`tests/test_reliability.py`).", "", "## Requests held", "",
              f"- {out['sessions']} concurrent `gradio_client` sessions, greedy, {out['tokens']} tokens each: "
              f"{c['completed']} completed, {c['identical_to_single']} identical to the single-session run ({c['wall_s']} s).",
@@ -328,6 +517,18 @@ def report(out: dict, command: str) -> str:
         q = out["sequential"]
         lines.append(f"- {q['requests']} sequential requests: {q['mismatches']} outputs differed from the "
                      f"single-session run ({q['wall_s']} s).")
+    if "stop_after_sessions" in out:
+        s = out["stop_after_sessions"]
+        lines.append(f"- A browser session decoding 1,000 tokens while {s['other_sessions']} other sessions came and went "
+                     f"({s['others_answered']} answered; run still going: {s['run_still_going_at_stop']}), then Stop: "
+                     f"`{s['stats']}` {s['stop_click_to_page_s']} s after the click "
+                     f"(target 1 s: {_verdict(s['stop_click_to_page_s'], 1.0)}).")
+    if "dropped_client" in out:
+        d = out["dropped_client"]
+        lines.append(f"- A `gradio_client` process killed 1 s into a {d.get('max_new_tokens')}-token /generate: the server "
+                     f"ended and saved the run {d['run_ended_s_after_kill']} s after the kill, "
+                     f"{d.get('tokens_decoded')} tokens decoded, finish `{d.get('finish')}` "
+                     f"(target 1 s: {_verdict(d['run_ended_s_after_kill'], 1.0)}).")
     lines += ["", "## Faults injected (each followed by a good request)", "",
               "| case | answer | as expected | next good run unchanged |", "|---|---|---|---|"]
     for x in out["faults"]:
@@ -348,6 +549,21 @@ def report(out: dict, command: str) -> str:
         lines += ["Then after API request n: " + _curve(out["sequential"]["rss_mib_curve"]), "",
                   f"Change from the end of warm-up (the first fifth of the series) to the end: "
                   f"{out['sequential']['rss_change_after_warmup_pct']} %."]
+    if "distinct_sessions" in out:
+        d = out["distinct_sessions"]
+        w = d["after_warmup"]
+        lines += ["", f"{d['sessions']} distinct sessions (a new `gradio_client` each), one /generate each "
+                  f"({d['failed']} failed); after session n: " + _curve(d["rss_mib_curve"]), "",
+                  f"After warm-up (the first fifth, {w['from_mib']} MiB): {w['end_pct']} % at the end, "
+                  f"{w['max_pct']} % at the highest (target within 5 %: {_verdict(abs(w['max_pct']), 5.0)})."]
+    if "soak" in out:
+        k = out["soak"]
+        w = k["after_2_min"]
+        lines += ["", f"Soak: {k['minutes']} minutes of mixed requests from {k['workers']} clients "
+                  f"({', '.join(f'{v} {n}' for n, v in k['requests'].items())}); server RSS at second t: "
+                  + _curve(k["rss_mib_curve"]), "",
+                  f"After the first 2 minutes ({w['from_mib']} MiB): {w['end_pct']} % at the end, "
+                  f"{w['max_pct']} % at the highest (target within 5 %: {_verdict(abs(w['max_pct']), 5.0)})."]
     return "\n".join(lines) + "\n"
 
 
@@ -359,12 +575,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--streamed", type=int, default=200, help="streamed runs in a browser session (needs chromium)")
     p.add_argument("--flood", type=int, default=80, help="concurrent sessions in the flood")
     p.add_argument("--tokens", type=int, default=24)
+    p.add_argument("--others", type=int, default=100, help="sessions that come and go before a Stop (needs chromium)")
+    p.add_argument("--distinct", type=int, default=200, help="distinct sessions of one request each")
+    p.add_argument("--soak-minutes", type=float, default=15, help="mixed requests for this long (0: no soak)")
+    p.add_argument("--command", default="python -m workbench.loadtest", help="--report: the command to name")
     a = p.parse_args(argv)
     if a.report:
-        print(report(json.loads(a.report.read_text()), "python -m workbench.loadtest"), end="")
+        print(report(json.loads(a.report.read_text()), a.command), end="")
         return 0
-    print(json.dumps({"date": time.strftime("%Y-%m-%d"), **run(a.sessions, a.sequential, a.tokens, a.streamed,
-                                                                 flood=a.flood)}))
+    ram_gib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    machine = f"{os.cpu_count()}-core CPU ({platform.machine()}), {ram_gib:.0f} GiB RAM"  # the figures depend on it
+    print(json.dumps({"date": time.strftime("%Y-%m-%d"), "machine": machine, **run(a.sessions, a.sequential, a.tokens, a.streamed,
+                                                                 flood=a.flood, others=a.others, distinct=a.distinct,
+                                                                 soak_minutes=a.soak_minutes)}))
     return 0
 
 

@@ -4,13 +4,20 @@
   runs/ID/trace.jsonl      the last MAX_RUNS decode runs: step traces (docs/trace-schema.md) ...
   runs/ID/settings.json    ... and the settings, text and summary of the run
   pools/NAME.jsonl         collected AR traces (Tune), the estimators' input
-  .staging/                temp files before their rename; orphans from a killed process are
-                           removed at start, and this folder is never served
+  downloads/TOKEN/FILE     the newest MAX_DOWNLOADS files made for a download button (tables,
+                           figures); emptied at start, so nothing is left in the system's /tmp
+  .staging/                temp files and run folders before their rename; orphans from a killed
+                           process are removed at start, and this folder is never served
+
+A run folder appears whole or not at all: it is written in .staging/ and renamed into runs/, so a
+full or read-only disk leaves nothing behind. A damaged run folder (bad settings.json) is skipped
+and reported, never an error in the runs list.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import time
@@ -21,6 +28,7 @@ import trees
 
 MAX_RUNS = 50
 MAX_POOLS = 20
+MAX_DOWNLOADS = 32
 
 
 class StoreError(ValueError):
@@ -41,17 +49,24 @@ class Store:
         self.trees_dir = self.root / "trees"
         self.runs_dir = self.root / "runs"
         self.pools_dir = self.root / "pools"
+        self.downloads_dir = self.root / "downloads"
         self.staging = self.root / ".staging"
-        for d in (self.trees_dir, self.runs_dir, self.pools_dir, self.staging):
+        for d in (self.trees_dir, self.runs_dir, self.pools_dir, self.downloads_dir, self.staging):
             d.mkdir(parents=True, exist_ok=True)
+        self.damaged_runs: list[str] = []  # run folders the last list_runs skipped
         self.clean_orphans()
 
     def clean_orphans(self) -> int:
-        """Remove temp files a killed process left (in staging, and beside files from older versions)."""
+        """Remove what a killed process left: temp files and half-written run folders (in staging,
+        and temp files beside files from older versions), and the last session's downloads."""
         n = 0
         for d in (self.staging, self.trees_dir, self.runs_dir, self.pools_dir):
             for p in d.rglob(".*.tmp"):
                 p.unlink(missing_ok=True)
+                n += 1
+        for d in [*self.staging.iterdir(), *self.downloads_dir.iterdir()]:
+            if d.is_dir() and not d.is_symlink():
+                shutil.rmtree(d, ignore_errors=True)
                 n += 1
         return n
 
@@ -75,30 +90,40 @@ class Store:
         return trees.load_tree(p)
 
     # -- runs ------------------------------------------------------------------------------------
-    def save_run(self, settings: dict, traces: list[dict], text: str) -> str:
-        """Keep one finished (or stopped) run; the oldest beyond MAX_RUNS are removed. -> run id."""
+    def save_run(self, settings: dict, traces: list[dict], text: str, finish: str | None = None) -> str:
+        """Keep one finished (or stopped) run; the oldest beyond MAX_RUNS are removed. -> run id.
+        StoreError (and nothing on disk) when it cannot be written."""
         run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
-        d = self.runs_dir / run_id
-        d.mkdir(parents=True)
+        tmp = self.staging / run_id
         # the trace schema's header (docs/trace-schema.md) names the rule `acceptance`; the settings say `accept`
         header = {"type": "header", "schema_version": 1, "acceptance": settings.get("accept"), **settings}
         lines = [json.dumps(header, ensure_ascii=False)] + [json.dumps(t, ensure_ascii=False) for t in traces]
-        self._write(d / "trace.jsonl", "\n".join(lines) + "\n")
         tokens = sum(len(t["accepted_tokens"]) for t in traces)
         summary = {"id": run_id, "created": time.strftime("%Y-%m-%d %H:%M:%S"), "settings": settings, "text": text,
-                   "steps": len(traces), "tokens": tokens, "tokens_per_step": round(tokens / max(len(traces), 1), 3)}
-        self._write(d / "settings.json", json.dumps(summary, ensure_ascii=False, indent=1))
+                   "finish": finish, "steps": len(traces), "tokens": tokens, "tokens_per_step": round(tokens / max(len(traces), 1), 3)}
+        try:
+            tmp.mkdir(parents=True)
+            self._write(tmp / "trace.jsonl", "\n".join(lines) + "\n")
+            self._write(tmp / "settings.json", json.dumps(summary, ensure_ascii=False, indent=1))
+            os.rename(tmp, self.runs_dir / run_id)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise StoreError(f"could not save the run ({e.strerror or e})") from None
         for old in sorted(self.runs_dir.iterdir())[:-MAX_RUNS]:
             shutil.rmtree(old, ignore_errors=True)
         return run_id
 
     def list_runs(self) -> list[dict]:
-        out = []
+        """Summaries of the saved runs, newest first; damaged folders are skipped and named in
+        `damaged_runs`."""
+        out, damaged = [], []
         for d in sorted(self.runs_dir.iterdir(), reverse=True):
-            try:
-                out.append(json.loads((d / "settings.json").read_text(encoding="utf-8")))
-            except (OSError, ValueError):
-                continue  # a run being written, or damaged: not listed
+            summary = _run_summary(d)
+            if summary is None:
+                damaged.append(d.name)
+            else:
+                out.append(summary)
+        self.damaged_runs = damaged
         return out
 
     def run_dir(self, run_id: str) -> Path:
@@ -109,7 +134,9 @@ class Store:
 
     def load_run(self, run_id: str) -> tuple[dict, list[dict]]:
         d = self.run_dir(run_id)
-        summary = json.loads((d / "settings.json").read_text(encoding="utf-8"))
+        summary = _run_summary(d)
+        if summary is None:
+            raise StoreError(f"run {run_id!r} is damaged (its settings.json cannot be read)")
         steps = [obj for _, obj in trees.stats.iter_trace_lines(d / "trace.jsonl") if obj.get("type") != "header"]
         return summary, steps
 
@@ -120,9 +147,37 @@ class Store:
     def pool_path(self, name: str) -> Path:
         return self.pools_dir / f"{safe_name(name)}.jsonl"
 
+    # -- downloads -------------------------------------------------------------------------------
+    def write_download(self, name: str, text: str) -> Path:
+        """A file for a download button, in a folder of its own; the oldest beyond MAX_DOWNLOADS go."""
+        d = self.downloads_dir / uuid.uuid4().hex
+        d.mkdir()
+        path = self._write(d / safe_name(name), text)
+        for old in sorted(self.downloads_dir.iterdir(), key=lambda p: p.stat().st_mtime)[:-MAX_DOWNLOADS]:
+            shutil.rmtree(old, ignore_errors=True)
+        return path
+
     def save_pool(self, name: str, lines: list[str]) -> Path:
         p = self._write(self.pool_path(name), "\n".join(lines) + "\n")
         pools = sorted(self.pools_dir.glob("*.jsonl"), key=lambda f: f.stat().st_mtime)
         for old in pools[:-MAX_POOLS]:
             old.unlink(missing_ok=True)
         return p
+
+
+def _run_summary(d: Path) -> dict | None:
+    """A run folder's settings.json when it has the shape the runs list reads, else None."""
+    try:
+        summary = trees.read_json_file(d / "settings.json")
+    except trees.JsonInputError:
+        return None
+    if not isinstance(summary, dict) or summary.get("id") != d.name or not isinstance(summary.get("created"), str):
+        return None
+    settings = summary.get("settings")
+    numbers_ok = all(isinstance(summary.get(k), (int, float)) and not isinstance(summary.get(k), bool)
+                     for k in ("steps", "tokens", "tokens_per_step"))
+    if not (numbers_ok and isinstance(settings, dict) and isinstance(settings.get("prompt"), str)
+            and isinstance(summary.get("finish") or "", str)
+            and isinstance(settings.get("mode"), str) and isinstance(settings.get("tree") or [], list)):
+        return None
+    return summary

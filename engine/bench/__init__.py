@@ -13,9 +13,19 @@ modes times them round-robin over prompts and rounds.
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 
 from ..options import add_generation_arguments, add_model_arguments, add_prompt_set_arguments, positive_int
+
+
+def _threads(text: str) -> int:
+    """CPU threads: 1 .. this machine's CPU count (more only slows a benchmark; 10**9 once reached torch)."""
+    n, most = positive_int(text), os.cpu_count() or 1
+    if n > most:
+        raise argparse.ArgumentTypeError(f"this machine has {most} CPUs; --threads {n} is more")
+    return n
 
 
 def _list(text: str) -> list[int]:
@@ -40,7 +50,7 @@ def add_bench_arguments(p) -> None:
     p.add_argument("--prompt-len", type=positive_int, default=128, help="e2e --shape: random prompt tokens")
     p.add_argument("--prefix", type=positive_int, default=1024, help="step: committed tokens before the timed steps")
     p.add_argument("--markdown", action="store_true", help="attention: also print a markdown table")
-    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=_threads, default=None, help="torch CPU threads")
     p.set_defaults(fn=run_bench)
 
 

@@ -10,28 +10,54 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import trees
+
 from ..loading import load_tokenizer
 
 
-def read_training_tokens(data: str | Path, model_dir: Path) -> np.ndarray:
-    """A uint16/uint32 `.bin`/`.npy` token file, or text (a file, or a folder of .txt/.py/.md files)."""
+def read_training_tokens(data: str | Path, model_dir: Path, vocab_size: int) -> np.ndarray:
+    """A uint16/uint32 `.bin`/`.npy` token file, or text (a file, or a folder of .txt/.py/.md files).
+    Only regular files are read (a FIFO would block), and every id must be below vocab_size (an id
+    past the embedding table is a crash deep inside the model, not an error naming the file)."""
     p = Path(data)
-    if p.suffix == ".npy":
-        return np.load(p).astype(np.int64)
-    if p.suffix == ".bin":
-        return np.fromfile(p, dtype=np.uint16).astype(np.int64)
     files = sorted(f for f in p.rglob("*") if f.suffix in (".txt", ".py", ".md")) if p.is_dir() else [p]
     if not files:
         raise ValueError(f"{p}: no .txt/.py/.md files to train on")
-    tok = load_tokenizer(model_dir)
-    if tok is None:
-        raise ValueError(f"{model_dir}: text data needs a tokenizer; pass a token file (.bin/.npy)")
-    ids: list[int] = []
-    for f in files:
-        ids.extend(tok.encode(f.read_text(encoding="utf-8", errors="replace")))
-        if tok.eos_token_id is not None:
-            ids.append(tok.eos_token_id)
-    return np.asarray(ids, dtype=np.int64)
+    if p.suffix in (".npy", ".bin"):
+        with _open(p) as f:
+            tokens = np.load(f) if p.suffix == ".npy" else np.frombuffer(f.read(), dtype=np.uint16)
+        tokens = np.asarray(tokens)
+        if tokens.dtype.kind not in "iu":
+            raise ValueError(f"{p}: token ids must be integers, got {tokens.dtype}")
+        tokens = tokens.astype(np.int64)
+    else:
+        tok = load_tokenizer(model_dir)
+        if tok is None:
+            raise ValueError(f"{model_dir}: text data needs a tokenizer; pass a token file (.bin/.npy)")
+        ids: list[int] = []
+        for f in files:
+            with _open(f) as fh:
+                ids.extend(tok.encode(fh.read().decode("utf-8", errors="replace")))
+            if tok.eos_token_id is not None:
+                ids.append(tok.eos_token_id)
+        tokens = np.asarray(ids, dtype=np.int64)
+    check_vocabulary(tokens, vocab_size, str(p))
+    return tokens
+
+
+def check_vocabulary(tokens: np.ndarray, vocab_size: int, where: str) -> None:
+    """Refuse an id outside [0, vocab_size): past the embedding table it is a crash deep inside the
+    model (or a silently wrong row on some devices), not an error naming the file."""
+    bad = tokens[(tokens < 0) | (tokens >= vocab_size)]
+    if bad.size:
+        raise ValueError(f"{where}: token id {int(bad[0])} is outside the model's vocabulary [0, {vocab_size})")
+
+
+def _open(path: Path):
+    try:
+        return trees.open_for_reading(path, binary=True)
+    except trees.JsonInputError as e:
+        raise ValueError(str(e)) from None
 
 
 def get_batch(tokens: np.ndarray, batch: int, seq: int, device, rng):
@@ -108,13 +134,13 @@ def write_shard(folder: Path, index: int, seqs: Sequences) -> Path:
 
 
 def read_distilled(folder: str | Path) -> Sequences:
-    """Every shard of a self-distillation folder, in order."""
+    """Every shard of a self-distillation folder, in order (regular files only: a FIFO would block)."""
     shards = sorted(Path(folder).glob("shard-*.npz"))
     if not shards:
         raise ValueError(f"{folder}: no shard-*.npz files (not a self-distillation folder)")
     tokens, offsets, starts, base = [], [np.zeros(1, np.int64)], [], 0
     for f in shards:
-        with np.load(f) as z:
+        with _open(f) as fh, np.load(fh) as z:
             tokens.append(z["tokens"].astype(np.int64))
             offsets.append(z["offsets"][1:].astype(np.int64) + base)
             starts.append(z["answer_start"].astype(np.int64))
@@ -122,10 +148,13 @@ def read_distilled(folder: str | Path) -> Sequences:
     return Sequences(np.concatenate(tokens), np.concatenate(offsets), np.concatenate(starts))
 
 
-def read_sequences(data: str | Path, model_dir: Path, window: int) -> Sequences:
+def read_sequences(data: str | Path, model_dir: Path, window: int, vocab_size: int) -> Sequences:
     """A self-distillation folder (shard-*.npz) as it is, or a token/text file cut into windows of
-    `window` tokens (every position model-written: plain text has no prompt part)."""
+    `window` tokens (every position model-written: plain text has no prompt part); either way every
+    id is checked against vocab_size."""
     p = Path(data)
     if p.is_dir() and any(p.glob("shard-*.npz")):
-        return read_distilled(p)
-    return Sequences.windows(read_training_tokens(p, model_dir), window)
+        seqs = read_distilled(p)
+        check_vocabulary(seqs.tokens, vocab_size, str(p))
+        return seqs
+    return Sequences.windows(read_training_tokens(p, model_dir, vocab_size), window)

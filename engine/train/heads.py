@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 from ..heads import MedusaHeads
 from ..loading import load_base, resolve_model_dir
 from ..model import Transformer
-from .data import Sequences
+from .data import Sequences, check_vocabulary
 
 DECAY = 0.8
 IGNORE = -100
@@ -327,9 +327,7 @@ def eval_heads(model: str, data: Sequences, heads: str | None = None, batch_toke
     from ..engine import load
 
     eng = load(model, heads=heads if heads is not None else True, device=device, dtype="float32", cuda_graphs=False)
-    vocab = eng.args.vocab_size
-    if data.tokens.size and (data.tokens.min() < 0 or data.tokens.max() >= vocab):
-        raise ValueError(f"the data holds token id {int(data.tokens.max())} outside the model's vocabulary [0, {vocab})")
+    check_vocabulary(data.tokens, eng.args.vocab_size, "the data")
     acc = evaluate_heads(eng.heads, eng.model, data, batch_tokens, max_len, eng.device, max_positions)
     return {"model": str(model), "heads": eng.heads_source, "sequences": len(data), "heldout": acc}
 

@@ -1,0 +1,204 @@
+"""What every tab shares: the one Engine, the store, the sessions, and the tree, prompt, settings
+and prediction logic (plain functions over them, testable without a browser).
+
+Every user error comes back as a `UserError` (a message), never an exception in the UI; only a real
+bug is called an internal error (and logged). The Engine serialises its own runs (engine.Engine), and
+the app runs every engine job in one Gradio concurrency group, so jobs take turns.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trees
+from engine import Engine, GenerationConfig, GenerationError
+from engine.prompts import Prompt, PromptFileError, heldout_prompts, parse_prompts, read_prompts
+
+from .session import Session, Sessions, UserError, finite_number, user_message, whole_number
+from .store import Store, StoreError
+
+log = logging.getLogger("workbench")
+EDITOR = "(tree editor)"  # the tree choice that means "the tree in the editor"
+MAX_PROMPT_CHARS = 20_000
+MAX_JOB_PROMPTS = 256
+
+
+@dataclass
+class Prediction:
+    estimate: trees.Estimate | None
+    tokens_per_s: float | None
+    step_ms: float | None
+    size_used: int | None
+    message: str
+
+
+@dataclass
+class Decoded:
+    """One prompt decoded by a job (`Workbench.generate`)."""
+
+    token_ids: list[int]
+    steps: int
+    wall_s: float
+    traces: list[dict] = field(default_factory=list)
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def mean_accepted(self) -> float:
+        return self.new_tokens / max(self.steps, 1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+class Workbench:
+    def __init__(self, engine: Engine, data_dir: Path, default_traces: Path | None = None):
+        self.engine = engine
+        self.store = Store(data_dir)
+        self.default_pool: tuple[list[trees.Run], str] = ([], "")
+        if default_traces is not None:  # read now: a bad file stops the app at start with one line
+            self.default_pool = (trees.ar_runs(trees.read_runs(default_traces)), Path(default_traces).name)
+        self.sessions = Sessions(lambda: self.default_pool)
+
+    @property
+    def data_dir(self) -> Path:
+        return self.store.root
+
+    # -- trees -------------------------------------------------------------------------------------
+    def tree_names(self) -> list[str]:
+        return [EDITOR] + trees.names() + [f"saved/{n}" for n in self.store.tree_names()]
+
+    def parse_tree_text(self, text: object) -> list[list[int]]:
+        """Tree JSON typed or pasted by a user (never a file path or a Python literal), checked by the
+        one validator against this engine's topk and head count."""
+        if not isinstance(text, str) or not text.strip():
+            raise UserError("the tree is empty: write a list of paths, e.g. [[0], [0, 0], [1]]")
+        try:
+            obj = trees.parse_json(text, "tree")
+            if not isinstance(obj, (list, dict)):
+                raise trees.TreeError("a tree must be a JSON list of paths (or a schema-1 object)")
+            return trees.resolve(obj, topk=self.engine.topk, num_heads=self.engine.num_heads or None)
+        except (trees.TreeError, trees.JsonInputError) as e:
+            raise UserError(user_message(e)) from None
+
+    def resolve_choice(self, choice: object, editor_text: object) -> list[list[int]]:
+        if choice == EDITOR:
+            return self.parse_tree_text(editor_text)
+        if not isinstance(choice, str) or not choice:
+            raise UserError("choose a tree")
+        try:
+            if choice.startswith("saved/"):
+                found = self.store.load_tree(choice[len("saved/"):]).medusa_choices
+            else:
+                found = trees.preset(choice)
+            return trees.resolve(found, topk=self.engine.topk, num_heads=self.engine.num_heads or None)
+        except (trees.TreeError, StoreError) as e:
+            raise UserError(user_message(e)) from None
+
+    def predict(self, session: Session, choices: list[list[int]]) -> Prediction:
+        """The one prediction the editor, Tune and Compare show: replayed tokens/step on the session's
+        AR trace pool with a bootstrap interval over prompts, and tokens/s where a step time was measured."""
+        if not session.pool:
+            return Prediction(None, None, None, None, "no prediction: no AR traces yet (Tune → Collect traces)")
+        est = trees.estimate(choices, session.pool, "replay", samples=300)
+        msg = f"predicted {est.describe()} of {session.pool_name or 'this session'}"
+        tps = ms = used = None
+        if session.latency:
+            n = len(choices)
+            sizes = sorted(k for k in session.latency if k >= n)
+            if sizes:
+                used = sizes[0]
+                ms = session.latency[used]["step_ms"]
+                tps = 1000 * est.value / ms
+                bound = "" if used == n else f" (at most: the step time of the {used}-node size)"
+                msg += f"; {tps:.0f} tokens/s at {ms:.2f} ms/step{bound} [{session.latency_source}]"
+            else:
+                msg += f"; no step time measured at {n} nodes or more"
+        return Prediction(est, tps, ms, used, msg)
+
+    # -- settings and prompts ----------------------------------------------------------------------
+    def check_prompt(self, prompt: object) -> str:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise UserError("the prompt is empty")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise UserError(f"the prompt has {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}")
+        return prompt
+
+    def config(self, mode: object, tree: list[list[int]] | None, accept: object, temperature: object, top_p: object,
+               seed: object, max_new_tokens: object, trace: bool = True) -> GenerationConfig:
+        """A checked GenerationConfig from UI values (numbers may arrive as floats)."""
+        seed = None if seed is None or seed == "" else whole_number(seed, "seed")
+        cfg = GenerationConfig(max_new_tokens=whole_number(max_new_tokens, "max new tokens"), mode=str(mode), tree=tree,
+                               accept=str(accept), temperature=finite_number(temperature, "temperature"),
+                               top_p=finite_number(top_p, "top_p"), seed=seed, trace=trace)
+        try:
+            return cfg.validate()
+        except GenerationError as e:
+            raise UserError(str(e)) from None
+
+    def prompt_set(self, source: object, pasted: object, upload: object, count: object) -> list[Prompt]:
+        """The prompts a Tune / Compare job runs: bundled held-out prompts, pasted text (JSONL, or blocks
+        separated by '---' lines), or an uploaded file of either kind."""
+        n = whole_number(count, "the number of prompts")
+        if not 1 <= n <= MAX_JOB_PROMPTS:
+            raise UserError(f"the number of prompts must be in 1..{MAX_JOB_PROMPTS}, got {n}")
+        try:
+            if source == "pasted":
+                if not isinstance(pasted, str) or not pasted.strip():
+                    raise UserError("paste prompts first (JSONL lines with 'prompt' or 'turns', or text blocks "
+                                    "separated by '---' lines)")
+                found = parse_prompts(pasted, "pasted prompts")
+            elif source == "file":
+                path = getattr(upload, "name", upload)
+                if not path:
+                    raise UserError("upload a prompt file first (.jsonl, or text with '---' separators)")
+                found = read_prompts(path)
+            else:
+                found = [Prompt(t, [t], i) for i, t in enumerate(heldout_prompts(n))]
+        except PromptFileError as e:
+            raise UserError(user_message(e)) from None
+        for p in found:
+            if len(p.text) > MAX_PROMPT_CHARS:
+                raise UserError(f"prompt {p.id!r} has {len(p.text)} characters; the limit is {MAX_PROMPT_CHARS}")
+        return found[:n]
+
+    # -- decoding in jobs --------------------------------------------------------------------------
+    def generate(self, session: Session, prompt: str, cfg: GenerationConfig) -> Decoded:
+        """One prompt decoded for a job of `session`, its Stop checked between steps (raises Stopped).
+        A prompt the engine refuses (too long for the context, ...) is a UserError naming it."""
+        t0 = time.perf_counter()
+        try:
+            events = self.engine.stream(prompt, config=cfg)
+        except GenerationError as e:
+            raise UserError(user_message(e)) from None
+        tokens, traces, steps = [], [], 0
+        try:
+            for ev in events:
+                tokens += ev.tokens
+                steps += 1
+                if ev.trace is not None:
+                    traces.append(ev.trace)
+                session.check_stop()
+        finally:
+            events.close()
+        return Decoded(tokens, steps, time.perf_counter() - t0, traces)
+
+
+def each_prompt(session: Session, prompts: list[Prompt], progress=None) -> Iterator[Prompt]:
+    """A job's prompts one at a time: the session's Stop checked before each (Stopped), progress shown."""
+    for i, p in enumerate(prompts):
+        session.check_stop()
+        if progress is not None:
+            progress((i, len(prompts)), desc=f"prompt {i + 1}/{len(prompts)}")
+        yield p
+
+
+def default_data_dir() -> Path:
+    return Path.home() / ".medusa-workbench"

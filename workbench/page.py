@@ -1,0 +1,71 @@
+"""What the tabs of the page share in Gradio: the session of an event, job buttons in the engine's
+queue with their Stop, the editor's tree, and the tree dropdowns every save refreshes.
+
+A tab builds its components in `layout(page)` and wires its events in `wire(page)` (after every tab
+is laid out, so a tab may read another's components, e.g. the editor's tree). Events are private:
+only `workbench/api.py` names endpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import gradio as gr
+
+from engine.accept import RULES
+
+from .core import Workbench
+
+ENGINE_QUEUE = "engine"  # every event that decodes shares this concurrency group of one
+PRIVATE = dict(api_visibility="private")
+# the acceptance radios list the registry (engine.accept.RULES), so a rule added there appears in every tab
+ACCEPT_CHOICES = [(rule.label, name) for name, rule in RULES.items()]  # (label shown, value sent)
+
+
+def sid(request: gr.Request | None) -> str:
+    """The session hash of an event (Gradio's, per browser page or API client)."""
+    return getattr(request, "session_hash", None) or "default"
+
+
+class Page:
+    def __init__(self, wb: Workbench):
+        self.wb = wb
+        self.names = wb.tree_names()
+        self.editor: gr.Code | None = None  # the Tree editor tab's JSON, read by every tab
+        self._dropdowns: list[tuple[gr.Dropdown, Callable[[list[str]], list[str]]]] = []
+
+    def session(self, request: gr.Request | None):
+        return self.wb.sessions.get(sid(request))
+
+    def tree_dropdown(self, label: str, value: str, choices: Callable[[list[str]], list[str]] = list, **kw) -> gr.Dropdown:
+        """A dropdown of trees (`choices` maps the tree names to its own list), refreshed on every save."""
+        dd = gr.Dropdown(choices(self.names), value=value, label=label, **kw)
+        self._dropdowns.append((dd, choices))
+        return dd
+
+    @property
+    def tree_dropdowns(self) -> list[gr.Dropdown]:
+        return [dd for dd, _ in self._dropdowns]
+
+    def dropdown_updates(self) -> list:
+        names = self.wb.tree_names()
+        return [gr.update(choices=choices(names)) for _, choices in self._dropdowns]
+
+    def job(self, button: gr.Button, fn: Callable, inputs: list, outputs: list, begun: str | None = None, **kw) -> None:
+        """A button that runs an engine job: a Stop pressed earlier is forgotten at the click (at once,
+        outside the queue), then `fn` runs in the engine's queue."""
+        def begin(request: gr.Request):
+            self.wb.sessions.begin(sid(request))
+            return begun
+
+        first = button.click(begin, None, outputs[0] if begun else None, queue=False, **PRIVATE)
+        first.then(fn, inputs, outputs, concurrency_limit=1, concurrency_id=ENGINE_QUEUE, **PRIVATE, **kw)
+
+    def stop_button(self, button: gr.Button) -> None:
+        def stop(request: gr.Request):
+            self.wb.sessions.stop(sid(request))
+
+        button.click(stop, None, None, queue=False, **PRIVATE)
+
+    def download(self, name: str, text: str) -> str:
+        return str(self.wb.store.write_download(name, text))

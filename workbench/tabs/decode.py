@@ -1,0 +1,384 @@
+"""Decode: one streamed run per session, its step tree, head panel, node table and run figures, the
+step scrubber and playback, downloads, and the saved runs."""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+import logging
+import time
+from collections.abc import Iterator
+
+import gradio as gr
+import plotly.io as pio
+
+import trees
+from engine import GenerationError
+
+from .. import figures
+from ..core import MAX_PROMPT_CHARS, Workbench
+from ..page import ACCEPT_CHOICES, PRIVATE, Page
+from ..session import RunState, Session, UserError, step_index, user_message
+from ..store import StoreError
+
+log = logging.getLogger("workbench")
+THROTTLE_S = 0.2  # streamed text and stats: at most five updates a second, whatever the step rate
+FIGURE_S = 1.0  # the live step tree and head panel: at most one redraw a second
+STEP_CLASSES = 6
+TABLE_HEADERS = ["node", "path", "token", "head p", "path p", "status", "why"]
+FIGURE_NAMES = ("step_tree", "heads", "run", "acceptance", "calibration")
+TEXT_JS = """
+element.addEventListener('click', (e) => {
+  const s = e.target.closest('[data-step]');
+  if (s) trigger('click', {step: parseInt(s.dataset.step)});
+});
+"""
+
+
+def step_span(step: int, text: str, selected: bool = False) -> str:
+    cls = f"s{step % STEP_CLASSES}" + (" sel" if selected else "")
+    return f'<span class="{cls}" data-step="{step}" title="step {step}">{html.escape(text)}</span>'
+
+
+def text_html(pieces: list[str], selected: int | None = None) -> str:
+    return "".join(step_span(i, t, i == selected) for i, t in enumerate(pieces))
+
+
+def example_prompt() -> str:
+    """The README's CLI prompt, so the app and `python -m engine generate` start in the same place."""
+    return "def read_config(path):"
+
+
+class DecodeTab:
+    title = "Decode"
+
+    def __init__(self, wb: Workbench):
+        self.wb = wb
+
+    # -- what the events do ------------------------------------------------------------------------
+    def decode(self, session: Session, prompt: object, tree_choice: object, editor_text: object, mode: object = "medusa",
+               accept: object = "greedy", temperature: object = 0.7, top_p: object = 1.0, seed: object = 0,
+               max_new_tokens: object = 96) -> Iterator[dict]:
+        """Stream one run for one session. Yields small updates, throttled: {"html": the text so far
+        (Gradio sends only what was appended), "stats", "steps", "trace" (when a figure redraw is due,
+        else None), "done"}, the last one with "run"; or {"error": message} once. The session's Stop
+        (or its client leaving) ends the run after the step in flight."""
+        try:
+            prompt = self.wb.check_prompt(prompt)
+            tree = self.wb.resolve_choice(tree_choice, editor_text) if mode == "medusa" else None
+            cfg = self.wb.config(mode, tree, accept, temperature, top_p, seed, max_new_tokens)
+        except UserError as e:
+            yield {"error": str(e)}
+            return
+        with self.wb.sessions.job(session):
+            if session.stop.is_set():  # Stop was pressed before this run left the queue
+                yield {"error": "stopped by user before the run started"}
+                return
+            settings = {"prompt": prompt, "mode": cfg.mode, "tree": tree, "accept": cfg.accept,
+                        "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed,
+                        "max_new_tokens": cfg.max_new_tokens, "model": self.wb.engine.name}
+            run = session.run = RunState(settings)
+            try:
+                yield from self._steps(session, run, prompt, cfg)
+            except (GenerationError, trees.TreeError) as e:
+                yield {"error": user_message(e)}
+                return
+            except Exception as e:  # a bug, not bad input: say so, log the traceback, keep serving
+                log.exception("decode failed")
+                yield {"error": f"internal error ({type(e).__name__}: {e}); the app is still running"}
+                return
+            if run.traces:
+                try:
+                    run.run_id = self.wb.store.save_run(settings, run.traces, "".join(run.pieces), run.finish)
+                except StoreError as e:
+                    run.save_error = user_message(e)
+            yield {"html": text_html(run.pieces), "stats": run.stats(), "steps": len(run.traces),
+                   "trace": run.traces[-1] if run.traces else None, "done": True, "run": run}
+
+    def _steps(self, session: Session, run: RunState, prompt: str, cfg) -> Iterator[dict]:
+        t0 = time.perf_counter()
+        last_text = last_fig = 0.0
+        events = self.wb.engine.stream(prompt, config=cfg)
+        try:
+            for ev in events:
+                if ev.trace is not None:
+                    run.add(ev.trace, ev.text)
+                run.wall_s = time.perf_counter() - t0
+                if ev.done:
+                    run.finish = ev.finish_reason
+                if session.stop.is_set():  # say so at once; saving and the last figures follow
+                    run.finish = "user"
+                    yield {"html": text_html(run.pieces), "stats": run.stats(), "steps": len(run.traces), "trace": None,
+                           "done": False}
+                    return
+                now = time.monotonic()
+                if ev.done or now - last_text >= THROTTLE_S:
+                    fig_due = ev.done or now - last_fig >= FIGURE_S
+                    yield {"html": text_html(run.pieces), "stats": run.stats(), "steps": len(run.traces),
+                           "trace": run.traces[-1] if fig_due else None, "done": False}
+                    last_text = now
+                    last_fig = now if fig_due else last_fig
+        finally:
+            events.close()  # an abandoned stream (client gone) still finishes the engine's step in flight
+
+    def step_view(self, session: Session, step: object, view: figures.TreeView = figures.TreeView()):
+        """(tree figure, head panel, node table rows) of one step of the session's run; (None, None, [])
+        when there is no run or `step` is not a number."""
+        run = session.run
+        i = step_index(step, len(run.traces)) if run is not None else None
+        if i is None:
+            return None, None, []
+        tr = run.traces[i]
+        rows = figures.node_rows(tr)
+        table = [[r["node"], json.dumps(r["path"]), r["token_text"], r["head_prob"], r["path_prob"], r["status"], r["why"]]
+                 for r in rows]
+        acc = [tuple(h) for h in run.head_hits]
+        return (figures.step_tree_figure(tr, view), figures.head_panel(tr, figures.next_tokens(run.traces, i), acc), table)
+
+    def run_figures(self, session: Session, selected: int | None = None):
+        """(run chart, acceptance heatmap, calibration) of the session's run."""
+        run = session.run
+        if run is None or not run.traces:
+            return None, None, None
+        per_step = [len(t["accepted_tokens"]) for t in run.traces]
+        depth = max((len(p) for p in run.traces[0]["tree"]), default=0)
+        accepted = [len(t["accepted_nodes"]) - 1 for t in run.traces]
+        return (figures.run_chart(per_step, selected), figures.acceptance_heatmap(accepted, depth) if depth else None,
+                figures.calibration_figure(run.traces))
+
+    def select(self, session: Session, step: object, view: figures.TreeView):
+        """Everything that shows one step: (tree, heads, table, run chart, text, step) or None."""
+        run = session.run
+        i = step_index(step, len(run.traces)) if run is not None else None
+        if i is None:
+            return None
+        tree_fig, head_fig, table = self.step_view(session, i, view)
+        return tree_fig, head_fig, table, self.run_figures(session, i)[0], text_html(run.pieces, i), i
+
+    def load_run(self, session: Session, run_id: object) -> str:
+        try:
+            summary, steps = self.wb.store.load_run(str(run_id or ""))
+        except (StoreError, trees.TraceError, OSError, ValueError) as e:
+            return f"✗ {user_message(e)}"
+        run = RunState(summary["settings"], run_id=summary["id"], finish=summary.get("finish") or "length")
+        try:
+            for s in steps:
+                run.add(s, s.get("accepted_text", ""))
+        except (KeyError, TypeError, IndexError) as e:
+            return f"✗ run {summary['id']} is damaged: a step lacks {user_message(e)}"
+        run.pieces = [s.get("accepted_text", "") for s in steps]
+        session.run = run
+        return f"loaded run {summary['id']}: {run.stats()}"
+
+    def run_choices(self) -> list[tuple[str, str]]:
+        out = []
+        for r in self.wb.store.list_runs():
+            s = r["settings"]
+            label = (f"{r['created']} · {s.get('mode')} {len(s.get('tree') or [])} nodes · {r['tokens']} tok, "
+                     f"{r['tokens_per_step']}/step · {str(s.get('prompt', ''))[:30]!r}")
+            out.append((label, r["id"]))
+        return out
+
+    def runs_note(self) -> str:
+        """What the runs list left out (damaged folders), for the message under it."""
+        bad = self.wb.store.damaged_runs
+        return f"{len(bad)} damaged run folder(s) skipped: {', '.join(bad[:5])}" if bad else ""
+
+    @staticmethod
+    def collapse_choices(session: Session) -> list[str]:
+        run = session.run
+        if run is None or not run.traces:
+            return []
+        tree = run.traces[0]["tree"]
+        return [json.dumps(p) for p in tree if len(p) < max(len(q) for q in tree)]
+
+    def table_file(self, table: object, kind: str) -> str:
+        rows = table.values.tolist() if hasattr(table, "values") else (table or [])
+        if kind == "csv":
+            buf = io.StringIO()
+            w = csv.writer(buf)
+            w.writerow(TABLE_HEADERS)
+            w.writerows(rows)
+            return str(self.wb.store.write_download("nodes.csv", buf.getvalue()))
+        return str(self.wb.store.write_download("nodes.json", json.dumps([dict(zip(TABLE_HEADERS, r)) for r in rows],
+                                                                          default=str)))
+
+    def figure_files(self, figs: list) -> list[str] | None:
+        out = []
+        for name, fig in zip(FIGURE_NAMES, figs):
+            if isinstance(fig, dict) and "plot" in fig:  # a gr.Plot value
+                fig = pio.from_json(fig["plot"])
+            if fig is not None and hasattr(fig, "to_html"):
+                out.append(str(self.wb.store.write_download(f"{name}.html", fig.to_html(include_plotlyjs=True))))
+        return out or None
+
+    # -- the page ----------------------------------------------------------------------------------
+    def layout(self, page: Page) -> None:
+        eng = self.wb.engine
+        max_tokens = max(1, min(2048, eng.max_seq_len - 16))
+        with gr.Row():
+            with gr.Column(scale=3):
+                self.prompt = gr.Textbox(label="prompt", value=example_prompt(), lines=5, max_length=MAX_PROMPT_CHARS)
+                with gr.Row():
+                    self.run_btn = gr.Button("Generate", variant="primary")
+                    self.stop_btn = gr.Button("Stop", variant="stop")
+                self.stats = gr.Markdown("no run yet", elem_id="stats")
+            with gr.Column(scale=2):
+                self.tree = page.tree_dropdown("tree", trees.DEFAULT_TREE)
+                with gr.Row():
+                    self.mode = gr.Radio(["medusa", "ar"], value="medusa", label="mode")
+                    self.accept = gr.Radio(ACCEPT_CHOICES, value="greedy", label="acceptance",
+                                           info="greedy and sample are lossless; typical is not")
+                with gr.Row():
+                    self.temperature = gr.Slider(0, 2, value=0.7, step=0.05, label="temperature (typical / sample)")
+                    self.top_p = gr.Slider(0.05, 1, value=1.0, step=0.05, label="top-p")
+                with gr.Row():
+                    self.seed = gr.Number(value=0, precision=0, label="seed", minimum=0)
+                    self.max_new = gr.Slider(1, max_tokens, value=96, step=1, label="max new tokens")
+        self.out_html = gr.HTML("", html_template="<pre class='out'>${value}</pre>", js_on_load=TEXT_JS,
+                                label="output (colour = decoding step; click a piece to select its step)",
+                                elem_id="out-text")
+        with gr.Row():
+            self.step = gr.Slider(0, 1, value=0, step=1, label="step", scale=5, elem_id="step-slider")
+            self.play_btn = gr.Button("▶ play", scale=1)
+        self.timer = gr.Timer(0.6, active=False)
+        with gr.Row():
+            self.prune = gr.Slider(0, 0.5, value=0.02, step=0.005, label="prune: hide nodes whose path probability is below",
+                                   info="the accepted path and its siblings always stay", scale=3)
+            self.show_all = gr.Checkbox(False, label="show every node", scale=1)
+            self.collapse = gr.Dropdown([], value=[], multiselect=True, label="collapse subtrees (node paths)", scale=3)
+        gr.Markdown("**Step tree**: drag to pan, box or scroll to zoom, hover any node; orange rings show the "
+                    "target's own token where the drafted children missed it.")
+        self.tree_plot = gr.Plot(show_label=False, elem_id="tree-plot")
+        with gr.Row():
+            self.head_plot = gr.Plot(show_label=False, elem_id="head-plot")
+            with gr.Column():
+                self.node_table = gr.Dataframe(headers=TABLE_HEADERS, label="this step's nodes", interactive=False,
+                                               max_height=520)
+                with gr.Row():
+                    self.table_csv = gr.DownloadButton("table CSV", size="sm")
+                    self.table_json = gr.DownloadButton("table JSON", size="sm")
+        with gr.Row():
+            self.run_plot = gr.Plot(show_label=False, elem_id="run-plot")
+            self.heat_plot = gr.Plot(show_label=False, elem_id="heat-plot")
+        with gr.Accordion("calibration, downloads and saved runs", open=False):
+            self.calib_plot = gr.Plot(show_label=False)
+            with gr.Row():
+                self.fig_btn = gr.Button("figures as HTML")
+                self.fig_files = gr.File(label="figure files", file_count="multiple")
+            with gr.Row():
+                self.runs_pick = gr.Dropdown([], label="saved runs (newest first)", scale=4)
+                self.load_run_btn = gr.Button("Load run", scale=1)
+                self.run_files = gr.File(label="run files (trace JSONL + settings)", file_count="multiple", scale=3)
+            self.runs_msg = gr.Markdown()
+
+    def wire(self, page: Page) -> None:
+        skip = gr.update()
+        view_in = [self.prune, self.show_all, self.collapse]
+
+        def view_of(prune_v, show, collapsed) -> figures.TreeView:
+            try:
+                paths = frozenset(tuple(json.loads(c)) for c in (collapsed or []))
+            except (ValueError, TypeError):
+                paths = frozenset()
+            return figures.TreeView(float(prune_v or 0), bool(show), paths)
+
+        def decode_stream(prompt, tree_choice, editor_text, mode, accept, temperature, top_p, seed, max_new, prune_v,
+                          show, collapsed, request: gr.Request):
+            session = page.session(request)
+            view = view_of(prune_v, show, collapsed)
+            for ev in self.decode(session, prompt, tree_choice, editor_text, mode, accept, temperature, top_p, seed,
+                                  max_new):
+                if "error" in ev:
+                    yield (f"✗ {ev['error']}",) + (skip,) * 11
+                    return
+                tr, run = ev["trace"], ev.get("run") or session.run
+                last = max(0, ev["steps"] - 1)
+                tree_fig = figures.step_tree_figure(tr, view) if tr is not None and tr.get("tree") else skip
+                head_fig = skip
+                if tr is not None and run is not None:
+                    head_fig = figures.head_panel(tr, figures.next_tokens(run.traces, last), [tuple(h) for h in run.head_hits])
+                steps = gr.update(maximum=max(1, last), value=last)
+                if not ev["done"]:
+                    yield (ev["stats"], ev["html"], steps, tree_fig, head_fig) + (skip,) * 7
+                    continue
+                _, _, table = self.step_view(session, last, view)
+                run_fig, heat_fig, calib_fig = self.run_figures(session, last)
+                yield (ev["stats"], ev["html"], steps, tree_fig, head_fig, table, run_fig,
+                       heat_fig if heat_fig is not None else skip, calib_fig, gr.update(choices=self.run_choices()),
+                       gr.update(choices=self.collapse_choices(session), value=[]),
+                       f"saved as run {run.run_id}" if run.run_id else self.runs_note())
+
+        decode_out = [self.stats, self.out_html, self.step, self.tree_plot, self.head_plot, self.node_table,
+                      self.run_plot, self.heat_plot, self.calib_plot, self.runs_pick, self.collapse, self.runs_msg]
+        page.job(self.run_btn, decode_stream, [self.prompt, self.tree, page.editor, self.mode, self.accept,
+                                               self.temperature, self.top_p, self.seed, self.max_new] + view_in,
+                 decode_out, begun="⏳ decoding…")
+        page.stop_button(self.stop_btn)
+
+        select_out = [self.tree_plot, self.head_plot, self.node_table, self.run_plot, self.out_html, self.step]
+
+        def select(s, prune_v, show, collapsed, request: gr.Request):
+            shown = self.select(page.session(request), s, view_of(prune_v, show, collapsed))
+            return (skip,) * 6 if shown is None else shown[:5] + (gr.update(value=shown[5]),)
+
+        self.step.release(select, [self.step] + view_in, select_out, **PRIVATE)
+
+        def clicked_text(prune_v, show, collapsed, evt: gr.EventData, request: gr.Request):
+            data = getattr(evt, "_data", None)
+            return select(data.get("step") if isinstance(data, dict) else None, prune_v, show, collapsed, request)
+
+        self.out_html.click(clicked_text, view_in, select_out, **PRIVATE)
+
+        def redraw(s, prune_v, show, collapsed, request: gr.Request):
+            tree_fig, _, _ = self.step_view(page.session(request), s, view_of(prune_v, show, collapsed))
+            return tree_fig if tree_fig is not None else skip
+
+        for c in view_in:
+            c.change(redraw, [self.step] + view_in, self.tree_plot, **PRIVATE)
+
+        def toggle_play(label):
+            playing = str(label).startswith("▶")
+            return gr.update(value="⏸ pause" if playing else "▶ play"), gr.Timer(active=playing)
+
+        self.play_btn.click(toggle_play, self.play_btn, [self.play_btn, self.timer], queue=False, **PRIVATE)
+
+        def tick(s, prune_v, show, collapsed, request: gr.Request):
+            run = page.session(request).run
+            n = len(run.traces) if run else 0
+            i = step_index(s, n)
+            if i is None:
+                return (skip,) * 6 + (gr.update(value="▶ play"), gr.Timer(active=False))
+            return select((i + 1) % n, prune_v, show, collapsed, request) + (skip, gr.Timer(active=True))
+
+        self.timer.tick(tick, [self.step] + view_in, select_out + [self.play_btn, self.timer], **PRIVATE)
+        self.table_csv.click(lambda t: self.table_file(t, "csv"), self.node_table, self.table_csv, **PRIVATE)
+        self.table_json.click(lambda t: self.table_file(t, "json"), self.node_table, self.table_json, **PRIVATE)
+        self.fig_btn.click(lambda *figs: self.figure_files(list(figs)),
+                           [self.tree_plot, self.head_plot, self.run_plot, self.heat_plot, self.calib_plot],
+                           self.fig_files, **PRIVATE)
+
+        def load_run(run_id, prune_v, show, collapsed, request: gr.Request):
+            session = page.session(request)
+            msg = self.load_run(session, run_id)
+            run = session.run
+            if msg.startswith("✗") or run is None:
+                return (msg,) + (skip,) * 11
+            last = len(run.traces) - 1
+            tree_fig, head_fig, table = self.step_view(session, last, view_of(prune_v, show, collapsed))
+            run_fig, heat_fig, calib_fig = self.run_figures(session, last)
+            d = self.wb.store.run_dir(run.run_id)
+            return (msg, text_html(run.pieces), gr.update(maximum=max(1, last), value=last), tree_fig, head_fig, table,
+                    run_fig, heat_fig, calib_fig, [str(d / "trace.jsonl"), str(d / "settings.json")], run.stats(),
+                    gr.update(choices=self.collapse_choices(session), value=[]))
+
+        self.load_run_btn.click(load_run, [self.runs_pick] + view_in,
+                                [self.runs_msg, self.out_html, self.step, self.tree_plot, self.head_plot, self.node_table,
+                                 self.run_plot, self.heat_plot, self.calib_plot, self.run_files, self.stats,
+                                 self.collapse], **PRIVATE)
+
+    def on_load(self) -> tuple:
+        """(runs dropdown update, runs note) when a page opens."""
+        return gr.update(choices=self.run_choices()), self.runs_note()
