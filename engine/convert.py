@@ -22,6 +22,7 @@ from .heads import MedusaHeads, detect_layout, validate_heads
 from .loading import (
     HEAD_FILES,
     base_weight_files,
+    check_heads_folder,
     find_heads,
     read_config,
     read_heads_folder,
@@ -67,12 +68,11 @@ def inspect(path: str | Path, model: str | Path | None = None) -> dict:
         info["heads_folder"] = {"what": folder.describe(), "medusa_num_heads": folder.num_heads,
                                 "medusa_num_layers": folder.num_layers, "base_model_name_or_path": folder.base,
                                 "base_here": None}
-        if model is None:
-            try:
-                base_dir = folder.base_dir()
-                info["heads_folder"]["base_here"] = str(base_dir)
-            except ModelLoadError as e:
-                info["note"] = str(e)
+        try:
+            info["heads_folder"]["base_here"] = str(folder.base_dir())
+            base_dir = Path(info["heads_folder"]["base_here"])
+        except ModelLoadError as e:
+            info["note"] = str(e)
     elif p.is_dir() and (p / "config.json").exists():
         base_dir = p
     if model is not None:
@@ -101,9 +101,7 @@ def inspect(path: str | Path, model: str | Path | None = None) -> dict:
     if layout.shared_lm_head and base_dir is not None:
         shared_read = info["base"]["vocab_size"] * info["base"]["hidden_size"] * elt  # one batched GEMM reads lm_head once
     if folder is not None:
-        stated = {"medusa_num_heads": (folder.num_heads, layout.num_heads), "medusa_num_layers": (folder.num_layers, layout.num_layers)}
-        info["heads_folder"]["disagrees"] = [f"config.json says {k} {a}, {folder.heads_file.name} holds {b}"
-                                             for k, (a, b) in stated.items() if a is not None and a != b]
+        info["heads_folder"]["disagrees"] = folder.disagreements(layout.num_heads, layout.num_layers)
     info["heads"] = {"source": where, "format": "medusa2" if inside is not None else layout.format,
                      "num_heads": layout.num_heads, "resblocks_per_head": layout.num_layers,
                      "shares_base_lm_head": layout.shared_lm_head, "hidden_size": dim,
@@ -163,8 +161,18 @@ def convert(src: str | Path, to: str, out: str | Path, model: str | Path | None 
             allow_lossy: bool = False, tp: int = 1, data: str | None = None) -> dict:
     if to not in TARGETS:
         raise ValueError(f"unknown target {to!r}; choose from {', '.join(TARGETS)}")
+    if to in ("medusa2", "vllm"):
+        new_folder(out)
     sd, where, ckpt_dir = read_heads_source(src)
     layout = detect_layout(list(sd), where)
+    folder = read_heads_folder(src)
+    if folder is not None:  # an official heads folder: its config must agree, and it names the base
+        check_heads_folder(folder, layout.num_heads, layout.num_layers)
+        if model is None and folder.base:
+            try:
+                ckpt_dir = folder.base_dir()
+            except ModelLoadError:
+                pass  # only needed by some targets, which then ask for --model
     model_dir = resolve_model_dir(model) if model is not None else ckpt_dir
     if dtype is not None:
         if dtype not in _DTYPES:
@@ -229,6 +237,16 @@ def convert(src: str | Path, to: str, out: str | Path, model: str | Path | None 
     save_file({k: v.contiguous() for k, v in sd.items()}, str(out), metadata=meta)
     report["out"] = [str(out)]
     return report
+
+
+def new_folder(out: str | Path) -> None:
+    """medusa2 and vllm write a folder of their own: never into an existing one (a model's folder, or
+    the source's, would be overwritten file by file)."""
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{p}: a file; these targets write a new folder, give a folder path that does not exist")
+    if p.is_dir() and any(p.iterdir()):
+        raise ValueError(f"{p}: already exists and is not empty; give a new folder")
 
 
 def vllm_names(sd: dict[str, torch.Tensor], num_layers: int, num_heads: int,

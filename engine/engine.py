@@ -484,7 +484,7 @@ def load(
         if heads is not None and heads is not True:
             medusa = load_heads(heads, base.args, dev, dt, tp=tp)
             if (heads_folder := read_heads_folder(heads) if not isinstance(heads, dict) else None) is not None:
-                check_heads_folder(heads_folder, medusa)
+                check_heads_folder(heads_folder, medusa.num_heads, medusa.num_layers)
             source = str(heads) if not isinstance(heads, dict) else "<state dict>"
             tree_dir = None if isinstance(heads, dict) else Path(heads) if Path(heads).is_dir() else Path(heads).parent
         elif medusa_sd:

@@ -111,10 +111,22 @@ class HeadsFolder:
         if not self.base:
             raise ModelLoadError(f"{self.path}: {self.describe()} names no base model; pass --model BASE_DIR --heads {self.path}")
         try:
-            return resolve_model_dir(self.base)
+            base = resolve_model_dir(self.base)
         except ModelLoadError as e:
             raise ModelLoadError(f"{self.path}: {self.describe()}, which is not here ({e}); "
                                  f"pass --model BASE_DIR --heads {self.path}") from None
+        if read_heads_folder(base) is not None:  # itself, or another heads folder: no model to load
+            raise ModelLoadError(f"{self.path}: its base_model_name_or_path {self.base!r} is a heads folder, not a model; "
+                                 f"pass --model BASE_DIR --heads {self.path}")
+        return base
+
+    def disagreements(self, num_heads: int, num_layers: int) -> list[str]:
+        """Where the heads file differs from what the config says (the reference builds its heads
+        from the config, so a disagreement would load differently there)."""
+        return [f"{self.path}: config.json says {key} {stated}, {self.heads_file.name} holds {found}"
+                for key, stated, found in (("medusa_num_heads", self.num_heads, num_heads),
+                                           ("medusa_num_layers", self.num_layers, num_layers))
+                if stated is not None and stated != found]
 
 
 def read_heads_folder(path: str | os.PathLike) -> HeadsFolder | None:
@@ -147,13 +159,11 @@ def read_heads_folder(path: str | os.PathLike) -> HeadsFolder | None:
     return HeadsFolder(p, heads_file, count("medusa_num_heads"), count("medusa_num_layers"), base)
 
 
-def check_heads_folder(folder: HeadsFolder, heads: MedusaHeads) -> None:
-    """The heads file holds what the folder's config says (the reference builds its heads from the
-    config, so a disagreement would load differently there)."""
-    for key, stated, found in (("medusa_num_heads", folder.num_heads, heads.num_heads),
-                               ("medusa_num_layers", folder.num_layers, heads.num_layers)):
-        if stated is not None and stated != found:
-            raise ModelLoadError(f"{folder.path}: config.json says {key} {stated}, {folder.heads_file.name} holds {found}")
+def check_heads_folder(folder: HeadsFolder, num_heads: int, num_layers: int) -> None:
+    """Refuse a heads file that differs from its folder's config (HeadsFolder.disagreements)."""
+    problems = folder.disagreements(num_heads, num_layers)
+    if problems:
+        raise ModelLoadError(problems[0])
 
 
 def read_config(model_dir: Path) -> ModelArgs:

@@ -153,6 +153,8 @@ class Session:
         """Yield, per step, the event of every request still running."""
         params = root_params(self.cfg.rule(), self.cfg.sampling())
         state = prefill(self.model, self.prefill_heads, [r.prompt for r in self.requests], params, self.gen)
+        if state.root.device.type == "cuda":  # prefill's kernels end here, so the first step's time is its own
+            torch.cuda.synchronize(state.root.device)
         rows = list(range(len(self.requests)))  # the request of each batch row
         clock = self.clock
         inflight = self._launch(state, rows)

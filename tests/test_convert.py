@@ -160,6 +160,12 @@ def test_official_heads_folder_is_inspected_and_decodes(base, tmp_path, capsys):
     assert "config.json says medusa_num_heads 5, medusa_lm_head.pt holds 3" in capsys.readouterr().out
     with pytest.raises(engine.ModelLoadError, match="medusa_num_heads 5"):
         engine.load(liar, device="cpu")
+    with pytest.raises(engine.ModelLoadError, match="medusa_num_heads 5"):
+        convert(liar, "safetensors", tmp_path / "liar.safetensors")
+    # a base that is itself a heads folder (here: the folder itself) is named as such
+    selfish = official_heads_folder(tmp_path / "selfish", tmp_path / "selfish")
+    with pytest.raises(engine.ModelLoadError, match="is a heads folder, not a model"):
+        engine.load(selfish, device="cpu")
 
 
 # vLLM's Medusa draft module, vllm/model_executor/models/medusa.py (vllm-project/vllm @ 01dbb08):
@@ -201,3 +207,18 @@ def test_convert_to_vllm_has_exactly_vllms_names_and_shapes(base, tmp_path, caps
     capsys.readouterr()
     assert main(["convert-heads", str(src["shared-lm-head"]), "--to", "vllm", "--out", str(tmp_path / "v")]) == 2
     assert "pass --model DIR" in capsys.readouterr().err
+    # never into an existing folder (a model's own would be overwritten file by file) or over a file
+    model_copy = tmp_path / "model_copy"
+    model_copy.mkdir()
+    (model_copy / "config.json").write_text("{}")
+    for out, want in ((model_copy, "already exists and is not empty"), (model_copy / "config.json", "a file")):
+        assert main(["convert-heads", str(src["faster-decoding"]), "--to", "vllm", "--out", str(out)]) == 2
+        assert want in capsys.readouterr().err
+    assert (model_copy / "config.json").read_text() == "{}" and not (model_copy / "model.safetensors").exists()
+    # an official folder of shared heads names its base: no --model needed to copy the base lm_head in
+    shared_folder = tmp_path / "shared_folder"
+    shared_folder.mkdir()
+    (shared_folder / "config.json").write_text(json.dumps({"medusa_num_heads": 3, "base_model_name_or_path": str(base)}))
+    save_file(load_file(str(src["shared-lm-head"])), str(shared_folder / "medusa_lm_head.safetensors"))
+    assert main(["convert-heads", str(shared_folder), "--to", "vllm", "--out", str(tmp_path / "v2")]) == 0
+    assert torch.equal(load_file(str(tmp_path / "v2" / "model.safetensors"))["lm_head.weight"], lm)

@@ -571,6 +571,9 @@ def test_counts_are_checked_before_their_product_is_built():
     assert trees.from_counts([1, 2, 3]) == [[0], [1]] + [[a, b] for a in range(2) for b in range(3)]
     with pytest.raises(ValueError, match="samples must be"):
         trees.estimate([[0]], trees.ar_runs(trees.read_runs(DEMO_DIR / "tune_traces.jsonl")), samples=10**9)
+    runs = trees.ar_runs(trees.read_runs(DEMO_DIR / "tune_traces.jsonl"))[:3]
+    with pytest.raises(ValueError, match="samples must be"):  # every bootstrap, not only estimate's
+        trees.compare_trees(runs, trees.preset("chain_1"), trees.preset("chain_2"), samples=10**9)
 
 
 def test_a_trace_line_is_bounded_while_it_is_read(tmp_path):

@@ -165,8 +165,16 @@ class Estimate:
 MAX_BOOTSTRAP = 100_000  # resamples: a 95 % interval settles long before; more is only time
 
 
+def check_samples(samples: object) -> None:
+    if isinstance(samples, bool) or not isinstance(samples, int) or not 0 <= samples <= MAX_BOOTSTRAP:
+        raise ValueError(f"samples must be an integer in [0, {MAX_BOOTSTRAP}] (bootstrap resamples), got {samples!r}")
+
+
 def bootstrap(per_run: Sequence, stat: Callable[[Sequence], float], samples: int, seed: int) -> tuple[float, float] | None:
-    """Percentile 95 % interval of stat over resamples of whole runs (prompts); None with fewer than two."""
+    """Percentile 95 % interval of stat over resamples of whole runs (prompts); None with fewer than two.
+    Every caller (estimate, the dynamic and paired comparisons) goes through here, so the bound on
+    resamples is checked here."""
+    check_samples(samples)
     if len(per_run) < 2 or samples < 1:
         return None
     rng = random.Random(seed)
@@ -179,8 +187,7 @@ def estimate(choices: Sequence[Sequence[int]], runs: Sequence[Run], estimator: s
     """One estimator's E with a bootstrap interval over runs. `replay`: a prebuilt Replay of `runs`."""
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; choose from {', '.join(ESTIMATORS)}")
-    if isinstance(samples, bool) or not isinstance(samples, int) or not 0 <= samples <= MAX_BOOTSTRAP:
-        raise ValueError(f"samples must be an integer in [0, {MAX_BOOTSTRAP}] (bootstrap resamples), got {samples!r}")
+    check_samples(samples)
     if estimator == "step-start":
         per_run = [step_start_values(choices, r) for r in runs]
         per_run = [v for v in per_run if v]
