@@ -17,6 +17,7 @@ import gradio as gr
 
 from .api import Api
 from .core import Workbench
+from .memory import trim_heap_periodically
 from .page import Page
 from .session import MAX_SESSIONS
 from .tabs.compare import CompareTab
@@ -131,6 +132,7 @@ def serve(wb: Workbench, host: str = "127.0.0.1", port: int | None = None, block
 
     app = build_app(wb)
     app.queue(default_concurrency_limit=1, max_size=64)
+    trim_heap_periodically()
     store = wb.store
     _, url, _ = app.launch(server_name=host, server_port=port, share=False, show_error=False, quiet=not block,
                            allowed_paths=[str(store.trees_dir), str(store.runs_dir), str(store.downloads_dir)],
