@@ -7,11 +7,10 @@ from collections import Counter
 
 import gradio as gr
 
-import trees
 from engine.accept import RULES
 from engine.prompts import Prompt
 
-from ..core import Workbench, each_prompt
+from ..core import MODEL_TREE, PROMPT_SOURCES, Workbench, each_prompt
 from ..page import ACCEPT_CHOICES, Page
 from ..session import Session, Stopped, UserError, whole_number
 
@@ -38,14 +37,14 @@ class CompareTab:
                 ) -> tuple[list[list], str]:
         """Two trees (or AR) on the same prompts, timed alternately: tokens/step, tokens/s, same output."""
         try:
-            runs = [None if c == "ar" else self.wb.resolve_choice(c, editor_text) for c in (a, b)]
+            runs = [None if c == "ar" else self.wb.resolve_choice(c, editor_text, session) for c in (a, b)]
             cfgs = [self.wb.config("ar" if t is None else "medusa", t, accept, temperature, 1.0, seed, max_new_tokens,
-                                   trace=False) for t in runs]
+                                   trace=False, session=session) for t in runs]
         except UserError as e:
             return [], f"✗ {e}"
         rows, same_all, stopped = [], True, False
         totals = [[0, 0, 0.0], [0, 0, 0.0]]
-        with self.wb.sessions.job(session):
+        with self.wb.job(session):
             try:
                 for p in each_prompt(session, prompts, progress):
                     res = [self.wb.generate(session, p.text, c) for c in cfgs]
@@ -76,20 +75,21 @@ class CompareTab:
         variation distance of each rule's first tokens from the model's own sampling (the row
         "AR vs AR", two independent AR sample sets, is the noise floor a lossless rule sits at)."""
         try:
-            tree = self.wb.resolve_choice(tree_choice, editor_text)
+            tree = self.wb.resolve_choice(tree_choice, editor_text, session)
             if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature <= 2:
                 raise UserError(f"temperature must be in (0, 2] to compare sampling rules, got {temperature!r}")
             n_samples = whole_number(samples, "samples")
             if not 1 <= n_samples <= 256:
                 raise UserError("samples must be 1..256")
-            prefix = self.wb.config("ar", None, "sample", temperature, 1.0, None, prefix_tokens, trace=False)
+            prefix = self.wb.config("ar", None, "sample", temperature, 1.0, None, prefix_tokens, trace=False,
+                                    session=session)
             whole = prefix.replace(mode="medusa", tree=tree, max_new_tokens=max_new_tokens, seed=1)
         except UserError as e:
             return [], f"✗ {e}"
         rules = tuple(RULES)  # every registered rule gets a row
         tv: dict[str, list[float]] = {r: [] for r in rules + ("AR vs AR",)}
         per_step = {r: [0, 0] for r in rules}
-        with self.wb.sessions.job(session):
+        with self.wb.job(session):
             try:
                 for p in each_prompt(session, prompts):
                     def draws(seed0: int, **change) -> list[tuple]:
@@ -118,8 +118,8 @@ class CompareTab:
         max_tokens = max(8, min(2048, self.wb.engine.max_seq_len - 16))
         with gr.Row():
             self.a = page.tree_dropdown("A", "ar", with_ar)
-            self.b = page.tree_dropdown("B", trees.DEFAULT_TREE, with_ar)
-            self.src = gr.Radio(["held-out", "pasted", "file"], value="held-out", label="prompt set")
+            self.b = page.tree_dropdown("B", MODEL_TREE, with_ar)
+            self.src = gr.Radio(PROMPT_SOURCES, value="held-out", label="prompt set")
             self.n = gr.Slider(1, 64, value=4, step=1, label="prompts")
         with gr.Row():
             self.pasted = gr.Textbox(label="pasted prompts", lines=2)
@@ -138,7 +138,7 @@ class CompareTab:
         gr.Markdown("**Acceptance rules** on the same prompts and tree: greedy and sample are lossless, typical is "
                     "not. Distance = total variation from the model's own sampling (first 2 tokens).")
         with gr.Row():
-            self.rules_tree = page.tree_dropdown("tree", trees.DEFAULT_TREE)
+            self.rules_tree = page.tree_dropdown("tree", MODEL_TREE)
             self.rules_temp = gr.Slider(0.05, 2, value=0.7, step=0.05, label="temperature")
             self.rules_samples = gr.Slider(4, 128, value=32, step=4, label="samples per prompt and rule")
             self.rules_btn = gr.Button("Compare acceptance rules")

@@ -13,7 +13,7 @@ import trees
 from engine.prompts import Prompt
 
 from .. import figures
-from ..core import Workbench, each_prompt
+from ..core import PROMPT_SOURCES, Workbench, each_prompt
 from ..page import PRIVATE, Page
 from ..session import Session, Stopped, UserError, user_message, whole_number
 from ..store import StoreError
@@ -33,16 +33,17 @@ class TuneTab:
         """AR runs with traces (every head's top-k logged) on the prompt set; they become the session's
         trace pool (and are kept under pools/). Stop keeps the prompts that finished."""
         try:
-            cfg = self.wb.config("ar", None, "greedy", 0.0, 1.0, None, max_new_tokens)
+            cfg = self.wb.config("ar", None, "greedy", 0.0, 1.0, None, max_new_tokens, session=session)
+            self.wb.engine_of(session)
         except UserError as e:
             return f"✗ {e}"
         runs, lines, stopped = [], [], False
-        with self.wb.sessions.job(session):
+        with self.wb.job(session):
             try:
                 for p in each_prompt(session, prompts, progress):
                     res = self.wb.generate(session, p.text, cfg)
                     header = {"type": "header", "schema_version": 1, "mode": "ar", "acceptance": "greedy",
-                              "prompt_id": str(p.id)}
+                              "prompt_id": str(p.id), "model": self.wb.model_of(session)}
                     lines += [json.dumps(header)] + [json.dumps(t, ensure_ascii=False) for t in res.traces]
                     runs.append(trees.run_of_steps(res.traces, header))
             except Stopped:
@@ -137,7 +138,10 @@ class TuneTab:
             return None, f"✗ nodes must be between 1 and {trees.MAX_NODES}, got {n}", None
         if method not in ("replay", "position", "independent"):
             return None, f"✗ unknown optimiser {method!r}", None
-        depth = self.wb.engine.num_heads or None
+        try:
+            depth = self.wb.engine_of(session).num_heads or None
+        except UserError as e:
+            return None, f"✗ {e}", None
         curve_fig, note = None, ""
         if by_latency:
             if not session.latency:
@@ -168,14 +172,15 @@ class TuneTab:
     def confirm_tree(self, session: Session, text: object, prompts: list[Prompt], max_new_tokens: object) -> str:
         """The prediction against a real greedy run of the tree on the same prompts."""
         try:
-            choices = self.wb.parse_tree_text(text)
-            cfg = self.wb.config("medusa", choices, "greedy", 0.0, 1.0, None, max_new_tokens, trace=False)
+            choices = self.wb.parse_tree_text(text, session)
+            cfg = self.wb.config("medusa", choices, "greedy", 0.0, 1.0, None, max_new_tokens, trace=False,
+                                 session=session)
         except UserError as e:
             return f"✗ {e}"
         pred = self.wb.predict(session, choices)
         tokens = steps = done = 0
         wall = 0.0
-        with self.wb.sessions.job(session):
+        with self.wb.job(session):
             try:
                 for p in each_prompt(session, prompts):
                     res = self.wb.generate(session, p.text, cfg)
@@ -203,7 +208,7 @@ class TuneTab:
     def layout(self, page: Page) -> None:
         max_tokens = max(16, min(2048, self.wb.engine.max_seq_len - 16))
         with gr.Row():
-            self.src = gr.Radio(["held-out", "pasted", "file"], value="held-out", label="prompt set")
+            self.src = gr.Radio(PROMPT_SOURCES, value="held-out", label="prompt set")
             self.n_prompts = gr.Slider(1, 64, value=8, step=1, label="prompts")
             self.tokens = gr.Slider(16, max_tokens, value=128, step=16, label="tokens per prompt")
         with gr.Row():
@@ -244,7 +249,8 @@ class TuneTab:
                 return f"✗ {e}", gr.update(), gr.update()
             msg = self.collect(session, prompts, tokens, progress)
             vec = [v for r in session.pool for v in r.vectors]
-            fig = figures.head_accuracy_figure(trees.head_stats(vec, self.wb.engine.num_heads)) if vec else gr.update()
+            heads = self.wb.engine_of(session).num_heads
+            fig = figures.head_accuracy_figure(trees.head_stats(vec, heads)) if vec and heads else gr.update()
             return msg, fig, gr.update(choices=self.wb.store.pool_names(), value=session.pool_name)
 
         page.job(self.collect_btn, collect, prompt_in, [self.collect_msg, self.acc_plot, self.pool_pick])
