@@ -126,7 +126,7 @@ def counted_steps(wb, monkeypatch):
 
 JOBS = {  # every job that decodes, called on a session and prompts; -> its message
     "collect": lambda t, s, p: t.tune.collect(s, p, 200),
-    "measure": lambda t, s, p: t.tune.measure_latency(s, "4,8", p, 200),
+    "measure": lambda t, s, p: t.tune.measure_latency(s, "4,8", p, 200)[0],
     "confirm": lambda t, s, p: t.tune.confirm_tree(s, "[[0], [0, 0]]", p, 200),
     "compare": lambda t, s, p: t.compare.compare(s, "ar", "demo_tuned", "", p, 200, "greedy", 0.7, 0)[1],
     "rules": lambda t, s, p: t.compare.compare_rules(s, "demo_tuned", "", p, 0.7, 64)[1],
