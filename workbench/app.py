@@ -23,6 +23,7 @@ from .session import MAX_SESSIONS
 from .tabs.compare import CompareTab
 from .tabs.decode import DecodeTab
 from .tabs.editor import EditorTab
+from .tabs.runs import RunsTab
 from .tabs.tune import TuneTab
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -147,8 +148,8 @@ def build_app(wb: Workbench) -> gr.Blocks:
     the named API, and what a page shows when it opens."""
     page = Page(wb)
     bar = ModelBar(wb)
-    decode, editor, tune, compare = DecodeTab(wb), EditorTab(wb), TuneTab(wb), CompareTab(wb)
-    tabs = (decode, editor, tune, compare)
+    decode, editor, tune, compare, runs = DecodeTab(wb), EditorTab(wb), TuneTab(wb), CompareTab(wb), RunsTab(wb)
+    tabs = (decode, editor, tune, compare, runs)
     with gr.Blocks(title="medusa-workbench", delete_cache=GRADIO_CACHE) as app:
         gr.Markdown("## medusa-workbench")
         bar.layout(page)
@@ -163,8 +164,9 @@ def build_app(wb: Workbench) -> gr.Blocks:
         def on_load(text, request: gr.Request):
             msg, fig, _ = editor.validate_tree(text, page.session(request))
             return [msg, fig if fig is not None else gr.update(), *decode.on_load(), tune.on_load(),
-                    *bar.on_load(page.session(request)), *page.dropdown_updates()]
+                    *bar.on_load(page.session(request)), *runs.on_load(), *page.dropdown_updates()]
 
         app.load(on_load, page.editor, [editor.valid_msg, editor.plot, decode.runs_pick, decode.runs_msg, tune.pool_pick,
-                                        bar.model, bar.chat, bar.info, *page.tree_dropdowns], api_visibility="private")
+                                        bar.model, bar.chat, bar.info, runs.a, runs.b, *page.tree_dropdowns],
+                 api_visibility="private")
     return app
