@@ -105,3 +105,13 @@ def figure_files(fig: go.Figure) -> tuple[dict[str, bytes | str], str]:
             note = str(e)
             break
     return out, note
+
+
+def static_notebook_figures() -> str:
+    """Make a notebook's figures carry a static SVG beside the interactive one, so they show where no
+    live Jupyter runs them (nbconvert HTML, GitHub). -> the renderer set, or a note when no Chromium."""
+    if not have_chromium():
+        return f"figures stay interactive only: SVG needs Chromium ({CHROMIUM} is missing)"
+    os.environ.setdefault("BROWSER_PATH", CHROMIUM)
+    pio.renderers.default = "plotly_mimetype+svg"
+    return pio.renderers.default
