@@ -23,7 +23,7 @@ def port(text: str) -> int:
 
 def parser() -> argparse.ArgumentParser:
     from engine.cli import Parser
-    from engine.options import add_model_arguments
+    from engine.options import add_model_arguments, positive_int
 
     p = Parser(prog="python app.py", description=__doc__)
     add_model_arguments(p)
@@ -32,7 +32,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--share", choices=["never"], default="never", help="public share links are never made")
     p.add_argument("--data-dir", default=None, help="saved trees, runs and trace pools (default ~/.medusa-workbench)")
     p.add_argument("--traces", default=None, help="AR traces the predictions start from (default: the demo's)")
+    p.add_argument("--max-models", type=positive_int, default=2,
+                   help="models kept loaded at once for the model selector (least recently used idle one let go)")
     return p
+
+
+def loader(a: argparse.Namespace):
+    """Loads the selector's other models with the app's device, dtype and backend options (their own
+    heads, found beside them; --heads/--no-heads belong to the model the app started with)."""
+    from engine.options import load_from_arguments
+
+    def load(name: str):
+        return load_from_arguments(argparse.Namespace(**{**vars(a), "model": name, "heads": None, "no_heads": False}))
+
+    return load
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         eng = load_from_arguments(a)
         wb = Workbench(eng, Path(a.data_dir) if a.data_dir else default_data_dir(),
-                       Path(a.traces) if a.traces else (DEMO_DIR / "tune_traces.jsonl" if a.model == "demo" else None))
+                       Path(a.traces) if a.traces else (DEMO_DIR / "tune_traces.jsonl" if a.model == "demo" else None),
+                       loader=loader(a), model=a.model, max_engines=a.max_models)
         serve(wb, a.host, a.port)
     except (engine.ModelLoadError, ValueError, OSError) as e:
         print(f"error: {' '.join(str(e).splitlines())}", file=sys.stderr)

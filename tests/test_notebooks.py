@@ -18,3 +18,8 @@ def test_notebook_runs(path):
     figures = [o for o in outputs if o.get("output_type") in ("execute_result", "display_data")
                and any("plotly" in k or k == "text/html" for k in o.get("data", {}))]
     assert figures, "the notebook drew no figure"
+    from workbench.browser import have_chromium
+
+    if have_chromium():  # outside live Jupyter (nbconvert HTML, GitHub) only a static image shows
+        assert all("image/svg+xml" in o["data"] for o in figures if any("plotly" in k for k in o["data"])), \
+            "a figure has no static image beside its interactive one"

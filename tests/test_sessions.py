@@ -15,10 +15,11 @@ from conftest import tabs_of
 
 from engine.loading import DEMO_DIR
 from engine.prompts import Prompt
-from workbench import figures
+from workbench import exports, figures
 from workbench.core import Workbench
 from workbench.session import MAX_RUNS_IN_MEMORY, MAX_SESSIONS, RunState
 from workbench.store import MAX_DOWNLOADS
+from workbench.tabs.decode import TABLE_HEADERS
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +126,7 @@ def counted_steps(wb, monkeypatch):
 
 JOBS = {  # every job that decodes, called on a session and prompts; -> its message
     "collect": lambda t, s, p: t.tune.collect(s, p, 200),
-    "measure": lambda t, s, p: t.tune.measure_latency(s, "4,8", p, 200),
+    "measure": lambda t, s, p: t.tune.measure_latency(s, "4,8", p, 200)[0],
     "confirm": lambda t, s, p: t.tune.confirm_tree(s, "[[0], [0, 0]]", p, 200),
     "compare": lambda t, s, p: t.compare.compare(s, "ar", "demo_tuned", "", p, 200, "greedy", 0.7, 0)[1],
     "rules": lambda t, s, p: t.compare.compare_rules(s, "demo_tuned", "", p, 0.7, 64)[1],
@@ -207,13 +208,13 @@ def test_downloads_are_bounded_and_leave_nothing_in_tmp(tmp_path, demo_engine, d
     import tempfile
 
     wb = Workbench(demo_engine, tmp_path)
-    mine = tabs_of(wb)
     before = set(Path(tempfile.gettempdir()).glob("mwb-*"))
     _, _, table = tabs.decode.step_view(decoded, 0)
     for _ in range(MAX_DOWNLOADS + 8):
-        assert Path(mine.decode.table_file(table, "csv")).read_text().startswith("node,path,token")
+        csv_text = exports.table_csv(TABLE_HEADERS, exports.table_rows(table))
+        assert wb.store.write_download("nodes.csv", csv_text).read_text().startswith("node,path,token")
     figs = tabs.decode.run_figures(decoded)
-    files = mine.decode.figure_files([None, None, *figs])
+    files = [wb.store.write_download(f"{i}.html", exports.figure_html(f)) for i, f in enumerate(figs) if f is not None]
     assert len(files) == 3 and all(Path(f).is_relative_to(wb.store.downloads_dir) for f in files)
     assert set(Path(tempfile.gettempdir()).glob("mwb-*")) == before
     assert len(list(wb.store.downloads_dir.iterdir())) == MAX_DOWNLOADS

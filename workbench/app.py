@@ -18,11 +18,13 @@ import gradio as gr
 from .api import Api
 from .core import Workbench
 from .memory import trim_heap_periodically
+from .modelbar import ModelBar
 from .page import Page
 from .session import MAX_SESSIONS
 from .tabs.compare import CompareTab
 from .tabs.decode import DecodeTab
 from .tabs.editor import EditorTab
+from .tabs.runs import RunsTab
 from .tabs.tune import TuneTab
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -146,16 +148,17 @@ def serve(wb: Workbench, host: str = "127.0.0.1", port: int | None = None, block
 def build_app(wb: Workbench) -> gr.Blocks:
     """The page: every tab's layout, then every tab's events (a tab may use another's components),
     the named API, and what a page shows when it opens."""
-    eng = wb.engine
     page = Page(wb)
-    decode, editor, tune, compare = DecodeTab(wb), EditorTab(wb), TuneTab(wb), CompareTab(wb)
-    tabs = (decode, editor, tune, compare)
+    bar = ModelBar(wb)
+    decode, editor, tune, compare, runs = DecodeTab(wb), EditorTab(wb), TuneTab(wb), CompareTab(wb), RunsTab(wb)
+    tabs = (decode, editor, tune, compare, runs)
     with gr.Blocks(title="medusa-workbench", delete_cache=GRADIO_CACHE) as app:
-        gr.Markdown(f"## medusa-workbench · `{eng.name}` · {eng.num_heads} Medusa heads · {eng.device} · "
-                    f"{eng.model.backend} attention" + (" · CUDA graphs" if eng.graphs else ""))
+        gr.Markdown("## medusa-workbench")
+        bar.layout(page)
         for tab in tabs:
             with gr.Tab(tab.title):
                 tab.layout(page)
+        bar.wire(page)
         for tab in tabs:
             tab.wire(page)
         Api(decode, editor, tune).wire(page)
@@ -163,8 +166,9 @@ def build_app(wb: Workbench) -> gr.Blocks:
         def on_load(text, request: gr.Request):
             msg, fig, _ = editor.validate_tree(text, page.session(request))
             return [msg, fig if fig is not None else gr.update(), *decode.on_load(), tune.on_load(),
-                    *page.dropdown_updates()]
+                    *bar.on_load(page.session(request)), *runs.on_load(), *page.dropdown_updates()]
 
         app.load(on_load, page.editor, [editor.valid_msg, editor.plot, decode.runs_pick, decode.runs_msg, tune.pool_pick,
-                                        *page.tree_dropdowns], api_visibility="private")
+                                        bar.model, bar.chat, bar.info, runs.a, runs.b, *page.tree_dropdowns],
+                 api_visibility="private")
     return app

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,13 +19,17 @@ import trees
 from engine import Engine, GenerationConfig, GenerationError
 from engine.prompts import Prompt, PromptFileError, heldout_prompts, parse_prompts, read_prompts
 
+from .models import Engines
+from .prompt_sets import named_prompt_set
 from .session import Session, Sessions, UserError, finite_number, user_message, whole_number
 from .store import Store, StoreError
 
 log = logging.getLogger("workbench")
 EDITOR = "(tree editor)"  # the tree choice that means "the tree in the editor"
+MODEL_TREE = "(model default)"  # the tree choice that means "the selected model's own default tree"
 MAX_PROMPT_CHARS = 20_000
 MAX_JOB_PROMPTS = 256
+PROMPT_SOURCES = ["held-out", "mt-bench", "sharegpt", "pasted", "file"]  # the prompt-set radios of Tune and Compare
 
 
 @dataclass
@@ -59,8 +64,14 @@ class Decoded:
 
 
 class Workbench:
-    def __init__(self, engine: Engine, data_dir: Path, default_traces: Path | None = None):
-        self.engine = engine
+    """The app's state: the engines (one per model, the started one first), the store and the sessions.
+    Each session decodes with the model it selected (`Session.model`; None: the started one)."""
+
+    def __init__(self, engine: Engine, data_dir: Path, default_traces: Path | None = None,
+                 loader: Callable[[str], Engine] | None = None, model: str | None = None, max_engines: int = 2):
+        self.model = model or engine.name  # the model the app was started with
+        self.engines = Engines(loader or _no_loader, max_engines)
+        self.engines.add(self.model, engine)
         self.store = Store(data_dir)
         self.default_pool: tuple[list[trees.Run], str] = ([], "")
         if default_traces is not None:  # read now: a bad file stops the app at start with one line
@@ -71,34 +82,59 @@ class Workbench:
     def data_dir(self) -> Path:
         return self.store.root
 
+    @property
+    def engine(self) -> Engine:
+        """The engine of the model the app was started with (page layout, sessions that chose none)."""
+        return self.engines.get(self.model)
+
+    def model_of(self, session: Session | None) -> str:
+        return (session.model if session is not None else None) or self.model
+
+    def engine_of(self, session: Session | None) -> Engine:
+        """The engine of the session's model, loaded on first use (UserError when it cannot be)."""
+        return self.engines.get(self.model_of(session))
+
+    @contextmanager
+    def job(self, session: Session) -> Iterator[Engine]:
+        """A job of `session` (Sessions.job) holding its model's engine, which is not evicted meanwhile."""
+        with self.sessions.job(session), self.engines.using(self.model_of(session)) as engine:
+            yield engine
+
     # -- trees -------------------------------------------------------------------------------------
     def tree_names(self) -> list[str]:
-        return [EDITOR] + trees.names() + [f"saved/{n}" for n in self.store.tree_names()]
+        return [EDITOR, MODEL_TREE] + trees.names() + [f"saved/{n}" for n in self.store.tree_names()]
 
-    def parse_tree_text(self, text: object) -> list[list[int]]:
+    def parse_tree_text(self, text: object, session: Session | None = None) -> list[list[int]]:
         """Tree JSON typed or pasted by a user (never a file path or a Python literal), checked by the
-        one validator against this engine's topk and head count."""
+        one validator against the session's engine's topk and head count."""
+        eng = self.engine_of(session)
         if not isinstance(text, str) or not text.strip():
             raise UserError("the tree is empty: write a list of paths, e.g. [[0], [0, 0], [1]]")
         try:
             obj = trees.parse_json(text, "tree")
             if not isinstance(obj, (list, dict)):
                 raise trees.TreeError("a tree must be a JSON list of paths (or a schema-1 object)")
-            return trees.resolve(obj, topk=self.engine.topk, num_heads=self.engine.num_heads or None)
+            return trees.resolve(obj, topk=eng.topk, num_heads=eng.num_heads or None)
         except (trees.TreeError, trees.JsonInputError) as e:
             raise UserError(user_message(e)) from None
 
-    def resolve_choice(self, choice: object, editor_text: object) -> list[list[int]]:
+    def resolve_choice(self, choice: object, editor_text: object, session: Session | None = None) -> list[list[int]]:
         if choice == EDITOR:
-            return self.parse_tree_text(editor_text)
+            return self.parse_tree_text(editor_text, session)
         if not isinstance(choice, str) or not choice:
             raise UserError("choose a tree")
+        eng = self.engine_of(session)
         try:
-            if choice.startswith("saved/"):
+            if choice == MODEL_TREE:
+                if not eng.num_heads:
+                    raise UserError(f"{eng.name} has no Medusa heads (none: AR), so it has no default tree: "
+                                    "decode in mode ar, or choose a tree to validate")
+                found = eng.resolve_tree(eng.default_tree)
+            elif choice.startswith("saved/"):
                 found = self.store.load_tree(choice[len("saved/"):]).medusa_choices
             else:
                 found = trees.preset(choice)
-            return trees.resolve(found, topk=self.engine.topk, num_heads=self.engine.num_heads or None)
+            return trees.resolve(found, topk=eng.topk, num_heads=eng.num_heads or None)
         except (trees.TreeError, StoreError) as e:
             raise UserError(user_message(e)) from None
 
@@ -132,12 +168,15 @@ class Workbench:
         return prompt
 
     def config(self, mode: object, tree: list[list[int]] | None, accept: object, temperature: object, top_p: object,
-               seed: object, max_new_tokens: object, trace: bool = True) -> GenerationConfig:
-        """A checked GenerationConfig from UI values (numbers may arrive as floats)."""
+               seed: object, max_new_tokens: object, trace: bool = True, session: Session | None = None
+               ) -> GenerationConfig:
+        """A checked GenerationConfig from UI values (numbers may arrive as floats); the chat template
+        as the session chose (None: the engine's default, on when the tokenizer has one)."""
         seed = None if seed is None or seed == "" else whole_number(seed, "seed")
         cfg = GenerationConfig(max_new_tokens=whole_number(max_new_tokens, "max new tokens"), mode=str(mode), tree=tree,
                                accept=str(accept), temperature=finite_number(temperature, "temperature"),
-                               top_p=finite_number(top_p, "top_p"), seed=seed, trace=trace)
+                               top_p=finite_number(top_p, "top_p"), seed=seed, trace=trace,
+                               chat=session.chat if session is not None else None)
         try:
             return cfg.validate()
         except GenerationError as e:
@@ -160,6 +199,8 @@ class Workbench:
                 if not path:
                     raise UserError("upload a prompt file first (.jsonl, or text with '---' separators)")
                 found = read_prompts(path)
+            elif source in ("mt-bench", "sharegpt"):
+                found = named_prompt_set(str(source))
             else:
                 found = [Prompt(t, [t], i) for i, t in enumerate(heldout_prompts(n))]
         except PromptFileError as e:
@@ -175,7 +216,7 @@ class Workbench:
         A prompt the engine refuses (too long for the context, ...) is a UserError naming it."""
         t0 = time.perf_counter()
         try:
-            events = self.engine.stream(prompt, config=cfg)
+            events = self.engine_of(session).stream(prompt, config=cfg)
         except GenerationError as e:
             raise UserError(user_message(e)) from None
         tokens, traces, steps = [], [], 0
@@ -198,6 +239,11 @@ def each_prompt(session: Session, prompts: list[Prompt], progress=None) -> Itera
         if progress is not None:
             progress((i, len(prompts)), desc=f"prompt {i + 1}/{len(prompts)}")
         yield p
+
+
+def _no_loader(name: str) -> Engine:
+    """Workbenches built around one engine (tests, scripts) load no other model."""
+    raise UserError(f"cannot load {name!r}: this workbench was built around one engine and loads no other")
 
 
 def default_data_dir() -> Path:

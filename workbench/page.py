@@ -14,6 +14,7 @@ import gradio as gr
 
 from engine.accept import RULES
 
+from . import exports
 from .core import Workbench
 
 ENGINE_QUEUE = "engine"  # every event that decodes shares this concurrency group of one
@@ -69,3 +70,47 @@ class Page:
 
     def download(self, name: str, text: str) -> str:
         return str(self.wb.store.write_download(name, text))
+
+    def table_downloads(self, table: gr.Dataframe, headers: list[str], stem: str) -> tuple[gr.DownloadButton, ...]:
+        """CSV and JSON buttons for a table. The files are written whenever the table changes, so the
+        first click downloads the table shown now (a click handler would run after the browser took
+        the button's old file)."""
+        with gr.Row():
+            csv_btn = gr.DownloadButton(f"{stem} CSV", size="sm", elem_id=f"{stem}-csv")
+            json_btn = gr.DownloadButton(f"{stem} JSON", size="sm", elem_id=f"{stem}-json")
+
+        def files(value):
+            rows = exports.table_rows(value)
+            cols = [str(c) for c in getattr(value, "columns", [])] or headers
+            if not rows:
+                return gr.update(value=None), gr.update(value=None)
+            a, b = self.wb.store.write_downloads({f"{stem}.csv": exports.table_csv(cols, rows),
+                                                  f"{stem}.json": exports.table_json(cols, rows)})
+            return str(a), str(b)
+
+        table.change(files, table, [csv_btn, json_btn], queue=False, **PRIVATE)
+        return csv_btn, json_btn
+
+    def figure_exports(self, plots: dict[str, gr.Plot], stem: str) -> gr.Button:
+        """A button that writes every figure of `plots` as SVG, print-size PNG and standalone HTML."""
+        with gr.Row():
+            button = gr.Button("export figures (SVG · PNG · HTML)", size="sm", elem_id=f"{stem}-export")
+            out = gr.File(label="figure files", file_count="multiple", elem_id=f"{stem}-files")
+        note = gr.Markdown()
+
+        def export(*values):
+            paths, notes = [], set()
+            for name, value in zip(plots, values):
+                fig = exports.plotly_figure(value)
+                if fig is None:
+                    continue
+                made, why = exports.figure_files(fig)
+                notes.add(why)
+                paths += [str(p) for p in self.wb.store.write_downloads({f"{name}.{ext}": data
+                                                                         for ext, data in made.items()})]
+            if not paths:
+                return None, "no figure to export yet"
+            return paths, " · ".join(n for n in notes if n) or f"{len(paths)} files"
+
+        button.click(export, list(plots.values()), [out, note], **PRIVATE)
+        return button

@@ -117,6 +117,8 @@ class Session:
     pool_name: str = ""
     latency: dict[int, dict] | None = None  # measured step times by tree size (trees.latency_points)
     latency_source: str = ""
+    model: str | None = None  # the model this session decodes with (None: the one the app started with)
+    chat: bool | None = None  # wrap prompts in the chat template (None: when the model has one)
     jobs: int = 0  # jobs running now: while > 0 the session is never forgotten
     closed: bool = False  # its client went away
 

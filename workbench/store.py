@@ -148,14 +148,25 @@ class Store:
         return self.pools_dir / f"{safe_name(name)}.jsonl"
 
     # -- downloads -------------------------------------------------------------------------------
-    def write_download(self, name: str, text: str) -> Path:
+    def write_download(self, name: str, text: str | bytes) -> Path:
         """A file for a download button, in a folder of its own; the oldest beyond MAX_DOWNLOADS go."""
+        return self.write_downloads({name: text})[0]
+
+    def write_downloads(self, files: dict[str, str | bytes]) -> list[Path]:
+        """Files made together (one figure's formats, one table's), in one folder of their own."""
         d = self.downloads_dir / uuid.uuid4().hex
         d.mkdir()
-        path = self._write(d / safe_name(name), text)
+        out = []
+        for name, data in files.items():
+            if isinstance(data, bytes):  # images: written in staging, then renamed in whole
+                tmp = self.staging / f".{uuid.uuid4().hex}.tmp"
+                tmp.write_bytes(data)
+                out.append(Path(os.replace(tmp, d / safe_name(name)) or d / safe_name(name)))
+            else:
+                out.append(self._write(d / safe_name(name), data))
         for old in sorted(self.downloads_dir.iterdir(), key=lambda p: p.stat().st_mtime)[:-MAX_DOWNLOADS]:
             shutil.rmtree(old, ignore_errors=True)
-        return path
+        return out
 
     def save_pool(self, name: str, lines: list[str]) -> Path:
         p = self._write(self.pool_path(name), "\n".join(lines) + "\n")

@@ -3,22 +3,20 @@ step scrubber and playback, downloads, and the saved runs."""
 
 from __future__ import annotations
 
-import csv
 import html
-import io
 import json
 import logging
 import time
 from collections.abc import Iterator
 
 import gradio as gr
-import plotly.io as pio
 
 import trees
-from engine import GenerationError
+from engine import Engine, GenerationError
+from engine.trace import prompt_hash
 
 from .. import figures
-from ..core import MAX_PROMPT_CHARS, Workbench
+from ..core import MAX_PROMPT_CHARS, MODEL_TREE, Workbench
 from ..page import ACCEPT_CHOICES, PRIVATE, Page
 from ..session import RunState, Session, UserError, step_index, user_message
 from ..store import StoreError
@@ -67,21 +65,24 @@ class DecodeTab:
         (or its client leaving) ends the run after the step in flight."""
         try:
             prompt = self.wb.check_prompt(prompt)
-            tree = self.wb.resolve_choice(tree_choice, editor_text) if mode == "medusa" else None
-            cfg = self.wb.config(mode, tree, accept, temperature, top_p, seed, max_new_tokens)
+            tree = self.wb.resolve_choice(tree_choice, editor_text, session) if mode == "medusa" else None
+            cfg = self.wb.config(mode, tree, accept, temperature, top_p, seed, max_new_tokens, session=session)
+            self.wb.engine_of(session)  # the session's model loads now: one that cannot is a message
         except UserError as e:
             yield {"error": str(e)}
             return
-        with self.wb.sessions.job(session):
+        with self.wb.job(session) as engine:
             if session.stop.is_set():  # Stop was pressed before this run left the queue
                 yield {"error": "stopped by user before the run started"}
                 return
             settings = {"prompt": prompt, "mode": cfg.mode, "tree": tree, "accept": cfg.accept,
                         "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed,
-                        "max_new_tokens": cfg.max_new_tokens, "model": self.wb.engine.name}
+                        "max_new_tokens": cfg.max_new_tokens, "model": self.wb.model_of(session),
+                        "chat": engine.resolved(cfg).chat,
+                        "prompt_sha256": prompt_hash(engine.encode(prompt, chat=engine.resolved(cfg).chat))}
             run = session.run = RunState(settings)
             try:
-                yield from self._steps(session, run, prompt, cfg)
+                yield from self._steps(engine, session, run, prompt, cfg)
             except (GenerationError, trees.TreeError) as e:
                 yield {"error": user_message(e)}
                 return
@@ -97,10 +98,10 @@ class DecodeTab:
             yield {"html": text_html(run.pieces), "stats": run.stats(), "steps": len(run.traces),
                    "trace": run.traces[-1] if run.traces else None, "done": True, "run": run}
 
-    def _steps(self, session: Session, run: RunState, prompt: str, cfg) -> Iterator[dict]:
+    def _steps(self, engine: Engine, session: Session, run: RunState, prompt: str, cfg) -> Iterator[dict]:
         t0 = time.perf_counter()
         last_text = last_fig = 0.0
-        events = self.wb.engine.stream(prompt, config=cfg)
+        events = engine.stream(prompt, config=cfg)
         try:
             for ev in events:
                 if ev.trace is not None:
@@ -194,26 +195,6 @@ class DecodeTab:
         tree = run.traces[0]["tree"]
         return [json.dumps(p) for p in tree if len(p) < max(len(q) for q in tree)]
 
-    def table_file(self, table: object, kind: str) -> str:
-        rows = table.values.tolist() if hasattr(table, "values") else (table or [])
-        if kind == "csv":
-            buf = io.StringIO()
-            w = csv.writer(buf)
-            w.writerow(TABLE_HEADERS)
-            w.writerows(rows)
-            return str(self.wb.store.write_download("nodes.csv", buf.getvalue()))
-        return str(self.wb.store.write_download("nodes.json", json.dumps([dict(zip(TABLE_HEADERS, r)) for r in rows],
-                                                                          default=str)))
-
-    def figure_files(self, figs: list) -> list[str] | None:
-        out = []
-        for name, fig in zip(FIGURE_NAMES, figs):
-            if isinstance(fig, dict) and "plot" in fig:  # a gr.Plot value
-                fig = pio.from_json(fig["plot"])
-            if fig is not None and hasattr(fig, "to_html"):
-                out.append(str(self.wb.store.write_download(f"{name}.html", fig.to_html(include_plotlyjs=True))))
-        return out or None
-
     # -- the page ----------------------------------------------------------------------------------
     def layout(self, page: Page) -> None:
         eng = self.wb.engine
@@ -226,7 +207,7 @@ class DecodeTab:
                     self.stop_btn = gr.Button("Stop", variant="stop")
                 self.stats = gr.Markdown("no run yet", elem_id="stats")
             with gr.Column(scale=2):
-                self.tree = page.tree_dropdown("tree", trees.DEFAULT_TREE)
+                self.tree = page.tree_dropdown("tree", MODEL_TREE)
                 with gr.Row():
                     self.mode = gr.Radio(["medusa", "ar"], value="medusa", label="mode")
                     self.accept = gr.Radio(ACCEPT_CHOICES, value="greedy", label="acceptance",
@@ -257,17 +238,14 @@ class DecodeTab:
             with gr.Column():
                 self.node_table = gr.Dataframe(headers=TABLE_HEADERS, label="this step's nodes", interactive=False,
                                                max_height=520)
-                with gr.Row():
-                    self.table_csv = gr.DownloadButton("table CSV", size="sm")
-                    self.table_json = gr.DownloadButton("table JSON", size="sm")
+                self.table_csv, self.table_json = page.table_downloads(self.node_table, TABLE_HEADERS, "nodes")
         with gr.Row():
             self.run_plot = gr.Plot(show_label=False, elem_id="run-plot")
             self.heat_plot = gr.Plot(show_label=False, elem_id="heat-plot")
         with gr.Accordion("calibration, downloads and saved runs", open=False):
             self.calib_plot = gr.Plot(show_label=False)
-            with gr.Row():
-                self.fig_btn = gr.Button("figures as HTML")
-                self.fig_files = gr.File(label="figure files", file_count="multiple")
+            self.fig_btn = page.figure_exports(dict(zip(FIGURE_NAMES, [self.tree_plot, self.head_plot, self.run_plot,
+                                                                       self.heat_plot, self.calib_plot])), "decode")
             with gr.Row():
                 self.runs_pick = gr.Dropdown([], label="saved runs (newest first)", scale=4)
                 self.load_run_btn = gr.Button("Load run", scale=1)
@@ -354,11 +332,6 @@ class DecodeTab:
             return select((i + 1) % n, prune_v, show, collapsed, request) + (skip, gr.Timer(active=True))
 
         self.timer.tick(tick, [self.step] + view_in, select_out + [self.play_btn, self.timer], **PRIVATE)
-        self.table_csv.click(lambda t: self.table_file(t, "csv"), self.node_table, self.table_csv, **PRIVATE)
-        self.table_json.click(lambda t: self.table_file(t, "json"), self.node_table, self.table_json, **PRIVATE)
-        self.fig_btn.click(lambda *figs: self.figure_files(list(figs)),
-                           [self.tree_plot, self.head_plot, self.run_plot, self.heat_plot, self.calib_plot],
-                           self.fig_files, **PRIVATE)
 
         def load_run(run_id, prune_v, show, collapsed, request: gr.Request):
             session = page.session(request)

@@ -11,7 +11,7 @@ import trees
 from trees.estimate import accepted_length
 
 from .. import figures
-from ..core import EDITOR, Workbench
+from ..core import EDITOR, MODEL_TREE, Workbench
 from ..page import PRIVATE, Page
 from ..session import Session, UserError, whole_number
 from ..store import StoreError, safe_name
@@ -27,7 +27,7 @@ class EditorTab:
     def validate_tree(self, text: object, session: Session | None = None) -> tuple[str, object, str | None]:
         """-> (message, figure or None, normalised tree JSON or None). The message names the failed rule."""
         try:
-            choices = self.wb.parse_tree_text(text)
+            choices = self.wb.parse_tree_text(text, session)
         except UserError as e:
             return f"✗ {e}", None, None
         msg = f"✓ valid: {len(choices)} nodes, depth {max(len(p) for p in choices)}"
@@ -37,10 +37,12 @@ class EditorTab:
             reach, title = reach_probabilities(session, choices), "P(step keeps node), replay"
         return msg, figures.tree_figure(choices, reach, title), json.dumps(choices)
 
-    def edit_tree(self, text: object, op: str, path_text: object, rank: object) -> tuple[str, str]:
+    def edit_tree(self, text: object, op: str, path_text: object, rank: object, session: Session | None = None
+                  ) -> tuple[str, str]:
         """Node edits: add child / add sibling / delete subtree. -> (new JSON, message)."""
         try:
-            choices = [tuple(p) for p in self.wb.parse_tree_text(text)]
+            eng = self.wb.engine_of(session)
+            choices = [tuple(p) for p in self.wb.parse_tree_text(text, session)]
             raw = trees.parse_json(path_text if isinstance(path_text, str) and path_text.strip() else "[]", "node path")
             if not isinstance(raw, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in raw):
                 raise UserError("the node path must be a list of ranks, e.g. [0, 1] ([] is the root)")
@@ -65,8 +67,8 @@ class EditorTab:
         else:
             return text, f"✗ unknown edit {op!r}"
         try:
-            out = trees.resolve([list(p) for p in choices] + [list(new)], topk=self.wb.engine.topk,
-                                num_heads=self.wb.engine.num_heads or None)
+            out = trees.resolve([list(p) for p in choices] + [list(new)], topk=eng.topk,
+                                num_heads=eng.num_heads or None)
         except trees.TreeError as e:
             return text, f"✗ {e}"
         return json.dumps(out), f"added {list(new)}"
@@ -74,13 +76,13 @@ class EditorTab:
     def save_tree(self, name: object, text: object, overwrite: bool = False, session: Session | None = None
                   ) -> tuple[str, str | None]:
         try:
-            choices = self.wb.parse_tree_text(text)
+            choices = self.wb.parse_tree_text(text, session)
             clean = safe_name(name)
+            eng = self.wb.engine_of(session)
         except (UserError, StoreError) as e:
             return f"✗ {e}", None
         pred = self.wb.predict(session, choices) if session is not None else None
         est = pred.estimate if pred else None
-        eng = self.wb.engine
         tf = trees.TreeFile(choices, num_heads=eng.num_heads or None, topk=eng.topk, name=clean,
                             expected_accepted=round(est.value, 4) if est else None, estimator="replay" if est else "",
                             source=f"medusa-workbench tree editor ({eng.name})", extra={"estimate": est.to_json()} if est else {})
@@ -103,7 +105,7 @@ class EditorTab:
 
     def diff_trees(self, a: object, b: object, editor_text: object, session: Session | None = None) -> str:
         try:
-            ta, tb = self.wb.resolve_choice(a, editor_text), self.wb.resolve_choice(b, editor_text)
+            ta, tb = self.wb.resolve_choice(a, editor_text, session), self.wb.resolve_choice(b, editor_text, session)
         except UserError as e:
             return f"✗ {e}"
         est = None
@@ -117,16 +119,24 @@ class EditorTab:
         delta = f", Δ replayed tokens/step = {d.delta_expected:+.3f}" if d.delta_expected is not None else ""
         return f"kept {d.kept}; added {len(d.added)}: {d.added}; removed {len(d.removed)}: {d.removed}{delta}"
 
+    def first_tree(self) -> list[list[int]]:
+        """The editor's tree when a page opens: the started model's own default (Medusa's default for a
+        model without heads, whose trees are only drawn and exported)."""
+        try:
+            return self.wb.resolve_choice(MODEL_TREE, "")
+        except UserError:
+            return trees.preset(trees.DEFAULT_TREE)
+
     # -- the page ----------------------------------------------------------------------------------
     def layout(self, page: Page) -> None:
         with gr.Row():
             with gr.Column(scale=2):
-                self.editor = page.editor = gr.Code(value=json.dumps(trees.preset(trees.DEFAULT_TREE)), language="json",
+                self.editor = page.editor = gr.Code(value=json.dumps(self.first_tree()), language="json",
                                                     label="medusa_choices", lines=8, max_lines=16, wrap_lines=True,
                                                     elem_id="tree-json")
                 self.valid_msg = gr.Markdown(elem_id="valid-msg")
                 with gr.Row():
-                    self.load_pick = page.tree_dropdown("load a tree", trees.DEFAULT_TREE, lambda names: names[1:])
+                    self.load_pick = page.tree_dropdown("load a tree", MODEL_TREE, lambda names: names[1:])
                     self.load_btn = gr.Button("Load into editor")
                 with gr.Row():
                     self.edit_path = gr.Textbox(label="node path, e.g. [0, 1] ([] = root)", value="[0]")
@@ -158,15 +168,18 @@ class EditorTab:
 
         self.editor.change(validate, self.editor, [self.valid_msg, self.plot], **PRIVATE)
 
-        def load_into_editor(choice):
+        def load_into_editor(choice, request: gr.Request):
             try:
-                return json.dumps(self.wb.resolve_choice(choice, "[]"))
+                return json.dumps(self.wb.resolve_choice(choice, "[]", page.session(request)))
             except UserError as e:
                 gr.Warning(str(e))
                 return gr.update()
 
         self.load_btn.click(load_into_editor, self.load_pick, self.editor, **PRIVATE)
-        self.edit_btn.click(self.edit_tree, [self.editor, self.edit_op, self.edit_path, self.edit_rank],
+        def edit(text, op, path, rank, request: gr.Request):
+            return self.edit_tree(text, op, path, rank, page.session(request))
+
+        self.edit_btn.click(edit, [self.editor, self.edit_op, self.edit_path, self.edit_rank],
                             [self.editor, self.valid_msg], **PRIVATE)
 
         def save(name, text, ow, request: gr.Request):

@@ -12,14 +12,15 @@ import gradio as gr
 import trees
 from engine.prompts import Prompt
 
-from .. import figures
-from ..core import Workbench, each_prompt
+from .. import figures, measure
+from ..core import PROMPT_SOURCES, Workbench, each_prompt
 from ..page import PRIVATE, Page
-from ..session import Session, Stopped, UserError, user_message, whole_number
+from ..session import Session, Stopped, UserError, finite_number, user_message, whole_number
 from ..store import StoreError
 
 SIZES = "4,8,12,16,24,32,48,64"
 MEASURE_PROMPTS, MEASURE_TOKENS = 4, 64  # a step-time curve needs a few short runs, not the whole set
+DEFAULT_BUDGET_S, MAX_BUDGET_S = 60, 1800
 
 
 class TuneTab:
@@ -33,16 +34,17 @@ class TuneTab:
         """AR runs with traces (every head's top-k logged) on the prompt set; they become the session's
         trace pool (and are kept under pools/). Stop keeps the prompts that finished."""
         try:
-            cfg = self.wb.config("ar", None, "greedy", 0.0, 1.0, None, max_new_tokens)
+            cfg = self.wb.config("ar", None, "greedy", 0.0, 1.0, None, max_new_tokens, session=session)
+            self.wb.engine_of(session)
         except UserError as e:
             return f"✗ {e}"
         runs, lines, stopped = [], [], False
-        with self.wb.sessions.job(session):
+        with self.wb.job(session):
             try:
                 for p in each_prompt(session, prompts, progress):
                     res = self.wb.generate(session, p.text, cfg)
                     header = {"type": "header", "schema_version": 1, "mode": "ar", "acceptance": "greedy",
-                              "prompt_id": str(p.id)}
+                              "prompt_id": str(p.id), "model": self.wb.model_of(session)}
                     lines += [json.dumps(header)] + [json.dumps(t, ensure_ascii=False) for t in res.traces]
                     runs.append(trees.run_of_steps(res.traces, header))
             except Stopped:
@@ -74,44 +76,57 @@ class TuneTab:
         return f"using pool {name!r}: {len(runs)} runs, {sum(r.n_tokens for r in runs)} steps"
 
     def measure_latency(self, session: Session, sizes: object, prompts: list[Prompt], max_new_tokens: object,
-                        progress=None) -> str:
-        """Mean step time of real runs at each size (best trees from the pool), AR as the engine runs
-        it; the curve the size choice and tokens/s predictions use."""
+                        progress=None, budget_s: object = DEFAULT_BUDGET_S) -> tuple[str, list[list]]:
+        """Mean step time of real runs at each size (best trees from the pool) and AR, within a time
+        budget spent where the intervals are widest (workbench/measure.py). -> (message, table rows).
+        Stop keeps what was measured; the message says how sure the curve is and the load it saw."""
         try:
             ns = sorted({int(x) for x in str(sizes).replace(" ", "").split(",") if x})
             if not ns or any(n < 1 or n > trees.MAX_NODES for n in ns):
                 raise ValueError
         except ValueError:
-            return f"✗ sizes must be comma-separated node counts in 1..{trees.MAX_NODES}, e.g. 4,8,16,32,64"
+            return f"✗ sizes must be comma-separated node counts in 1..{trees.MAX_NODES}, e.g. 4,8,16,32,64", []
         try:
-            cfg = self.wb.config("ar", None, "greedy", 0.0, 1.0, None, max_new_tokens, trace=False)
+            budget = float(finite_number(budget_s, "time budget"))
+            if not 5 <= budget <= MAX_BUDGET_S:
+                raise UserError(f"the time budget must be 5..{MAX_BUDGET_S} s, got {budget:g}")
+            cfg = self.wb.config("ar", None, "greedy", 0.0, 1.0, None, max_new_tokens, trace=False, session=session)
+            heads = self.wb.engine_of(session).num_heads
         except UserError as e:
-            return f"✗ {e}"
-        heads = self.wb.engine.num_heads
-        walls: dict[int, list] = {}
-        with self.wb.sessions.job(session):
+            return f"✗ {e}", []
+        if not heads:
+            ns = []  # a model without heads has only its AR step to time
+        samples: dict[int, list[float]] = {}
+        t0, load_before, stopped = time.monotonic(), measure.load_average(), False
+        with self.wb.job(session):
             try:
                 configs = {0: cfg}
                 for n in ns:
                     session.check_stop()
-                    tree = trees.best_tree(session.pool, n, max_depth=heads, time_limit=5.0) if session.pool \
+                    tree = trees.best_tree(session.pool, n, max_depth=heads, time_limit=2.0) if session.pool \
                         else trees.chain(min(n, heads))
                     configs[n] = cfg.replace(mode="medusa", tree=tree)
                 for c in configs.values():  # warm-up
                     self.wb.generate(session, prompts[0].text, c.replace(max_new_tokens=min(8, c.max_new_tokens)))
-                walls = {n: [0.0, 0] for n in configs}
-                for p in each_prompt(session, prompts, progress):  # round-robin over sizes, prompt by prompt
-                    for n, c in configs.items():
-                        r = self.wb.generate(session, p.text, c)
-                        walls[n][0] += r.wall_s
-                        walls[n][1] += r.steps
+                samples = {n: [] for n in configs}
+                while time.monotonic() - t0 < budget:
+                    n = measure.next_size(samples)
+                    r = self.wb.generate(session, prompts[len(samples[n]) % len(prompts)].text, configs[n])
+                    samples[n].append(1000 * r.wall_s / max(r.steps, 1))
+                    if progress is not None:
+                        progress(min(1.0, (time.monotonic() - t0) / budget), desc=f"timing {n or 'AR'}")
             except Stopped:
-                return "✗ stopped by user: no step times kept (a curve needs every size timed on the same prompts)"
+                stopped = True
             except UserError as e:
-                return f"✗ {e}"
-        session.latency = {n: {"step_ms": round(1000 * w / s, 3), "ci95": None} for n, (w, s) in walls.items()}
+                return f"✗ {e}", []
+        report = measure.Report(samples, time.monotonic() - t0, budget, load_before, measure.load_average(), stopped)
+        curve = report.curve()
+        if not curve:
+            return "✗ stopped by user before any size was timed", []
+        session.latency = curve
         session.latency_source = f"measured here, {len(prompts)} prompts"
-        return "step ms: " + ", ".join(f"{n or 'AR'}: {v['step_ms']:.2f}" for n, v in session.latency.items())
+        steps = ", ".join(f"{n or 'AR'}: {v['step_ms']:.2f}" for n, v in curve.items())
+        return f"step ms: {steps}\n\n{report.confidence()}", measure.table(curve)
 
     def load_latency(self, session: Session, upload: object) -> str:
         path = getattr(upload, "name", upload)
@@ -137,7 +152,10 @@ class TuneTab:
             return None, f"✗ nodes must be between 1 and {trees.MAX_NODES}, got {n}", None
         if method not in ("replay", "position", "independent"):
             return None, f"✗ unknown optimiser {method!r}", None
-        depth = self.wb.engine.num_heads or None
+        try:
+            depth = self.wb.engine_of(session).num_heads or None
+        except UserError as e:
+            return None, f"✗ {e}", None
         curve_fig, note = None, ""
         if by_latency:
             if not session.latency:
@@ -168,14 +186,15 @@ class TuneTab:
     def confirm_tree(self, session: Session, text: object, prompts: list[Prompt], max_new_tokens: object) -> str:
         """The prediction against a real greedy run of the tree on the same prompts."""
         try:
-            choices = self.wb.parse_tree_text(text)
-            cfg = self.wb.config("medusa", choices, "greedy", 0.0, 1.0, None, max_new_tokens, trace=False)
+            choices = self.wb.parse_tree_text(text, session)
+            cfg = self.wb.config("medusa", choices, "greedy", 0.0, 1.0, None, max_new_tokens, trace=False,
+                                 session=session)
         except UserError as e:
             return f"✗ {e}"
         pred = self.wb.predict(session, choices)
         tokens = steps = done = 0
         wall = 0.0
-        with self.wb.sessions.job(session):
+        with self.wb.job(session):
             try:
                 for p in each_prompt(session, prompts):
                     res = self.wb.generate(session, p.text, cfg)
@@ -203,7 +222,7 @@ class TuneTab:
     def layout(self, page: Page) -> None:
         max_tokens = max(16, min(2048, self.wb.engine.max_seq_len - 16))
         with gr.Row():
-            self.src = gr.Radio(["held-out", "pasted", "file"], value="held-out", label="prompt set")
+            self.src = gr.Radio(PROMPT_SOURCES, value="held-out", label="prompt set")
             self.n_prompts = gr.Slider(1, 64, value=8, step=1, label="prompts")
             self.tokens = gr.Slider(16, max_tokens, value=128, step=16, label="tokens per prompt")
         with gr.Row():
@@ -220,9 +239,13 @@ class TuneTab:
         self.acc_plot = gr.Plot(show_label=False)
         with gr.Row():
             self.sizes = gr.Textbox(SIZES, label="sizes to time (nodes)")
+            self.budget = gr.Number(DEFAULT_BUDGET_S, label="time budget (s)", minimum=5, maximum=MAX_BUDGET_S,
+                                    info="spent on the sizes whose intervals are widest")
             self.lat_btn = gr.Button("Measure step times here")
             self.lat_file = gr.File(label="or load `bench --part latency` JSON", file_types=[".json"])
-        self.lat_msg = gr.Markdown()
+        self.lat_msg = gr.Markdown(elem_id="lat-msg")
+        self.lat_table = gr.Dataframe(headers=measure.TABLE_HEADERS, label="step times", interactive=False)
+        page.table_downloads(self.lat_table, measure.TABLE_HEADERS, "step_times")
         with gr.Row():
             self.opt_nodes = gr.Slider(1, trees.MAX_NODES, value=16, step=1, label="tree nodes (the most, with latency)")
             self.opt_method = gr.Radio(["replay", "position", "independent"], value="replay", label="objective")
@@ -244,7 +267,8 @@ class TuneTab:
                 return f"✗ {e}", gr.update(), gr.update()
             msg = self.collect(session, prompts, tokens, progress)
             vec = [v for r in session.pool for v in r.vectors]
-            fig = figures.head_accuracy_figure(trees.head_stats(vec, self.wb.engine.num_heads)) if vec else gr.update()
+            heads = self.wb.engine_of(session).num_heads
+            fig = figures.head_accuracy_figure(trees.head_stats(vec, heads)) if vec and heads else gr.update()
             return msg, fig, gr.update(choices=self.wb.store.pool_names(), value=session.pool_name)
 
         page.job(self.collect_btn, collect, prompt_in, [self.collect_msg, self.acc_plot, self.pool_pick])
@@ -255,15 +279,16 @@ class TuneTab:
 
         self.pool_btn.click(use_pool, self.pool_pick, self.collect_msg, **PRIVATE)
 
-        def measure(sz, source, text, file, n, tokens, request: gr.Request, progress=gr.Progress()):
+        def measure_times(sz, budget, source, text, file, n, tokens, request: gr.Request, progress=gr.Progress()):
             try:
                 prompts = self.wb.prompt_set(source, text, file, min(whole_number(n, "prompts"), MEASURE_PROMPTS))
                 tokens = min(whole_number(tokens, "tokens per prompt"), MEASURE_TOKENS)
             except UserError as e:
-                return f"✗ {e}"
-            return self.measure_latency(page.session(request), sz, prompts, tokens, progress)
+                return f"✗ {e}", gr.update()
+            msg, rows = self.measure_latency(page.session(request), sz, prompts, tokens, progress, budget)
+            return msg, rows if rows else gr.update()
 
-        page.job(self.lat_btn, measure, [self.sizes] + prompt_in, [self.lat_msg])
+        page.job(self.lat_btn, measure_times, [self.sizes, self.budget] + prompt_in, [self.lat_msg, self.lat_table])
 
         def load_latency(f, request: gr.Request):
             return self.load_latency(page.session(request), f)

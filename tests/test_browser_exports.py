@@ -1,0 +1,156 @@
+"""Every figure and table format downloaded from the app in Chromium and opened the way a reader
+would: SVG parsed as XML, PNG by its signature and print size, HTML holding the plot, CSV through the
+csv module, JSON through json.loads refusing NaN. Also the screenshots of the model header, the
+run-vs-run view and the static-vs-dynamic comparison (docs/screens/). Skipped without Chromium."""
+
+import csv
+import io
+import json
+import socket
+import struct
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from workbench.browser import have_chromium, launch, open_page, set_number
+from workbench.exports import LAYOUT_PX, PRINT_DPI, PRINT_INCHES
+
+pw = pytest.importorskip("playwright.sync_api")
+pytestmark = pytest.mark.skipif(not have_chromium(), reason="Debian chromium is not installed")
+SCREENS = Path(__file__).resolve().parent.parent / "docs" / "screens"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _no_nan(text: str):
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.fixture(scope="module")
+def app_url(demo_engine, tmp_path_factory):
+    from engine.loading import DEMO_DIR
+    from workbench.app import serve
+    from workbench.core import Workbench
+    from workbench.tabs.decode import DecodeTab
+
+    wb = Workbench(demo_engine, tmp_path_factory.mktemp("exports"), DEMO_DIR / "tune_traces.jsonl")
+    decode, session = DecodeTab(wb), wb.sessions.get("setup")
+    for tree in ("demo_tuned", "mc_sim_7b_63"):  # two saved runs of one prompt for the run-vs-run view
+        list(decode.decode(session, "def read_config(path):", tree, "", "medusa", "greedy", 0.7, 1.0, 0, 48))
+    app, url = serve(wb, port=_free_port(), block=False)
+    yield url
+    app.close()
+
+
+@pytest.fixture(scope="module")
+def page(app_url):
+    with pw.sync_playwright() as p:
+        b = launch(p)
+        pg = open_page(b, app_url)
+        yield pg
+        b.close()
+
+
+def download(pg, elem_id: str) -> bytes:
+    """The file a DownloadButton gives on its first click."""
+    with pg.expect_download(timeout=30_000) as d:
+        pg.locator(f"#{elem_id}").click()
+    return Path(d.value.path()).read_bytes()
+
+
+def check_table(pg, stem: str, headers_start: str) -> list[dict]:
+    rows = list(csv.reader(io.StringIO(download(pg, f"{stem}-csv").decode())))
+    assert rows[0][0] == headers_start and len(rows) > 1
+    data = _no_nan(download(pg, f"{stem}-json").decode())
+    assert isinstance(data, list) and len(data) == len(rows) - 1 and list(data[0])[0] == headers_start
+    return data
+
+
+def check_figures(pg, stem: str, names: list[str]) -> None:
+    pg.locator(f"#{stem}-export").click()
+    links = pg.locator(f"#{stem}-files a")
+    links.nth(3 * len(names) - 1).wait_for(timeout=120_000)
+    got = {}
+    for i in range(links.count()):
+        href = links.nth(i).get_attribute("href")
+        got[href.rsplit("/", 1)[-1]] = pg.request.get(href).body()
+    for name in names:
+        ET.fromstring(got[f"{name}.svg"])  # parses as XML
+        png = got[f"{name}.png"]
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        width, height = struct.unpack(">II", png[16:24])
+        assert width == round(PRINT_DPI * PRINT_INCHES[0]) and height == round(width * LAYOUT_PX[1] / LAYOUT_PX[0])
+        page_html = got[f"{name}.html"].decode()
+        assert "Plotly.newPlot" in page_html and "plotly.js" in page_html.lower()
+
+
+def test_the_model_header_and_selector(page):
+    header = page.locator("#model-header").inner_text()
+    for part in ("model", "demo", "4 Medusa heads", "float32", "cpu", "sdpa"):
+        assert part in header
+    page.locator("#model-pick input").click()
+    page.wait_for_timeout(400)
+    page.screenshot(path=str(SCREENS / "model_selector.png"), clip={"x": 0, "y": 0, "width": 1400, "height": 330})
+    page.keyboard.press("Escape")
+
+
+def test_decode_node_table_and_figures_download_in_every_format(page):
+    page.get_by_role("button", name="Generate").click()
+    page.wait_for_function("document.querySelector('#stats').innerText.includes('stopped')", timeout=240_000)
+    page.wait_for_timeout(1500)
+    rows = check_table(page, "nodes", "node")
+    last = page.locator("#step-slider input[type=number]").input_value()
+    assert rows and last  # the selected (last) step's table, on the first click
+    page.get_by_text("calibration, downloads and saved runs").click()
+    check_figures(page, "decode", ["step_tree", "heads", "run", "acceptance", "calibration"])
+
+
+def test_compare_rules_and_static_vs_dynamic_download(page):
+    page.get_by_role("tab", name="Compare").click()
+    page.get_by_role("button", name="Compare", exact=True).click()
+    page.wait_for_function("document.querySelector('#cmp-msg').innerText.includes('tokens/step')", timeout=240_000)
+    check_table(page, "compare", "prompt")
+    page.locator("#dyn-sizes textarea, #dyn-sizes input").first.fill("8,16")
+    page.locator("#dyn-btn").click()
+    page.wait_for_function("document.querySelector('#dyn-msg').innerText.includes('AR runs')", timeout=240_000)
+    data = check_table(page, "static_vs_dynamic", "nodes")
+    assert {r["dynamic rule"] for r in data} == {"product", "calibrated"}
+    page.wait_for_timeout(1000)
+    page.locator("#dyn-plot").scroll_into_view_if_needed()
+    page.screenshot(path=str(SCREENS / "static_vs_dynamic.png"), full_page=True)
+    check_figures(page, "dynamic", ["static_vs_dynamic"])
+
+
+def test_runs_side_by_side_and_their_figures(page):
+    page.get_by_role("tab", name="Runs").click()
+    page.get_by_role("button", name="↻ runs").click()
+    page.wait_for_timeout(800)
+    for label, nth in (("run A", 0), ("run B", 1)):
+        dd = page.get_by_label(label)
+        dd.click()
+        page.wait_for_timeout(300)
+        page.locator("ul[role=listbox] li").nth(nth).click()
+        page.wait_for_timeout(300)
+    page.locator("#runs-show").click()
+    page.wait_for_function("document.querySelector('#runs-summary').innerText.includes('same prompt')", timeout=60_000)
+    page.wait_for_timeout(1500)
+    page.screenshot(path=str(SCREENS / "runs_side_by_side.png"), full_page=True)
+    check_figures(page, "runs", ["runs_tokens_per_step", "runs_head_accuracy"])
+
+
+def test_tune_step_times_download(page):
+    page.get_by_role("tab", name="Tune").click()
+    page.get_by_label("sizes to time (nodes)").fill("4,8")
+    set_number(page, "time budget", 5)
+    page.get_by_role("button", name="Measure step times here").click()
+    page.wait_for_function("document.querySelector('#lat-msg').innerText.includes('confidence')", timeout=240_000)
+    data = check_table(page, "step_times", "nodes")
+    assert [r["nodes"] for r in data][0] in ("AR", 0)
