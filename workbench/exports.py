@@ -89,7 +89,10 @@ def figure_image(fig: go.Figure, fmt: str) -> bytes:
     width, height = LAYOUT_PX
     scale = PRINT_DPI * PRINT_INCHES[0] / width if fmt == "png" else 1
     try:
-        return pio.to_image(fig, format=fmt, width=width, height=height, scale=scale)
+        try:
+            return pio.to_image(fig, format=fmt, width=width, height=height, scale=scale)
+        except RuntimeError:  # on a loaded machine kaleido's script can run before its page has loaded: once more
+            return pio.to_image(fig, format=fmt, width=width, height=height, scale=scale)
     except (ValueError, RuntimeError, OSError) as e:  # kaleido missing, or Chromium would not start
         raise ExportError(f"{fmt.upper()} export failed: {' '.join(str(e).splitlines())[:200]}") from None
 
@@ -112,6 +115,13 @@ def static_notebook_figures() -> str:
     live Jupyter runs them (nbconvert HTML, GitHub). -> the renderer set, or a note when no Chromium."""
     if not have_chromium():
         return f"figures stay interactive only: SVG needs Chromium ({CHROMIUM} is missing)"
-    os.environ.setdefault("BROWSER_PATH", CHROMIUM)
-    pio.renderers.default = "plotly_mimetype+svg"
+    pio.renderers["workbench_svg"] = StaticSvg()
+    pio.renderers.default = "plotly_mimetype+workbench_svg"
     return pio.renderers.default
+
+
+class StaticSvg(pio.base_renderers.MimetypeRenderer):
+    """Plotly's svg renderer, drawn through figure_image (its retry and its one-line errors)."""
+
+    def to_mimebundle(self, fig_dict: dict) -> dict:
+        return {"image/svg+xml": figure_image(go.Figure(fig_dict), "svg").decode()}
