@@ -283,7 +283,8 @@ def from_counts(counts: Sequence[int]) -> list[list[int]]:
     so its count is always 1). The node count (a sum of products) is checked before a path is built."""
     if not counts or len(counts) > MAX_DEPTH + 1 or any(isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= MAX_TOPK
                                                         for c in counts):
-        raise TreeError(f"per-level counts {list(counts)[:MAX_DEPTH + 2]!r}: need 2..{MAX_DEPTH + 1} positive integers, each in [1, {MAX_TOPK}]")
+        raise TreeError(f"per-level counts {list(counts)[:MAX_DEPTH + 2]!r}: need 2..{MAX_DEPTH + 1} positive integers, "
+                        f"each in [1, {MAX_TOPK}]")
     if counts[0] != 1:
         raise TreeError(f"per-level counts {list(counts)!r}: the first count is the root's (the base model's "
                         "own token) and must be 1")

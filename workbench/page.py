@@ -18,6 +18,7 @@ from .core import Workbench
 
 ENGINE_QUEUE = "engine"  # every event that decodes shares this concurrency group of one
 PRIVATE = dict(api_visibility="private")
+BUSY = "this page already has a job queued or running: wait for it to end, or press Stop"
 # the acceptance radios list the registry (engine.accept.RULES), so a rule added there appears in every tab
 ACCEPT_CHOICES = [(rule.label, name) for name, rule in RULES.items()]  # (label shown, value sent)
 
@@ -53,13 +54,20 @@ class Page:
 
     def job(self, button: gr.Button, fn: Callable, inputs: list, outputs: list, begun: str | None = None, **kw) -> None:
         """A button that runs an engine job: a Stop pressed earlier is forgotten at the click (at once,
-        outside the queue), then `fn` runs in the engine's queue."""
+        outside the queue), then `fn` runs in the engine's queue. A click while this page's previous job
+        is queued or running is refused with a one-line message: Gradio would drop it without a word."""
         def begin(request: gr.Request):
-            self.wb.sessions.begin(sid(request))
+            if not self.wb.sessions.begin(sid(request)):
+                raise gr.Error(BUSY, duration=6, print_exception=False)
             return begun
 
-        first = button.click(begin, None, outputs[0] if begun else None, queue=False, **PRIVATE)
-        first.then(fn, inputs, outputs, concurrency_limit=1, concurrency_id=ENGINE_QUEUE, **PRIVATE, **kw)
+        def end(request: gr.Request) -> None:
+            self.wb.sessions.end(sid(request))
+
+        first = button.click(begin, None, outputs[0] if begun else None, queue=False, trigger_mode="multiple",
+                             **PRIVATE)
+        job = first.success(fn, inputs, outputs, concurrency_limit=1, concurrency_id=ENGINE_QUEUE, **PRIVATE, **kw)
+        job.then(end, None, None, queue=False, **PRIVATE)
 
     def stop_button(self, button: gr.Button) -> None:
         def stop(request: gr.Request):
