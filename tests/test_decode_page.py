@@ -106,3 +106,13 @@ def test_a_second_job_click_while_one_is_pending_is_refused(wb):
     assert s.begin("someone-else") is True  # per page
     s.end("clicker")
     assert s.begin("clicker") is True
+
+
+def test_stop_says_at_once_when_the_job_had_not_started(wb):
+    s = wb.sessions
+    assert s.stop("never-clicked") == "idle"
+    s.begin("queued-page")
+    assert s.stop("queued-page") == "queued"  # the page shows page.STOPPED_QUEUED without waiting for the queue
+    with s.job(s.get("queued-page")):
+        assert s.stop("queued-page") == "running"
+    s.end("queued-page")

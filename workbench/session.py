@@ -207,13 +207,16 @@ class Sessions:
         """The job of the last accepted click has ended (or failed): the next click is a new job."""
         self.get(sid).waiting = False
 
-    def stop(self, sid: str | None) -> None:
-        """The Stop button: the session's job ends after its step in flight (nothing to stop in a
-        session the table does not hold: a session with a job is always held)."""
+    def stop(self, sid: str | None) -> str:
+        """The Stop button: the session's job ends after its step in flight, or as it leaves the queue
+        (nothing to stop in a session the table does not hold: a session with a job is always held).
+        -> what was stopped: "running", "queued" (its job had not started) or "idle"."""
         with self._lock:
             s = self._items.get(sid or "default")
-        if s is not None:
-            s.stop.set()
+        if s is None:
+            return "idle"
+        s.stop.set()
+        return "running" if s.jobs else "queued" if s.waiting else "idle"
 
     def close(self, sid: str) -> None:
         """Its client went away during a job: stop the job now and forget the session when it ends.

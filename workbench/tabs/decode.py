@@ -122,8 +122,14 @@ class DecodeTab:
         table = [[r["node"], json.dumps(r["path"]), figures.token_label(r["token_text"], TOKEN_CHARS), r["head_prob"],
                   r["path_prob"], r["status"], r["why"]] for r in rows]
         acc = run.head_hits_until(i)
-        return (zoomable(figures.step_tree_figure(tr, view), f"tree-{len(tr['tree'])}"),
-                figures.head_panel(tr, figures.next_tokens(run.traces, i), acc), table)
+        return (figures.step_tree_figure(tr, view), figures.head_panel(tr, figures.next_tokens(run.traces, i), acc), table)
+
+    @staticmethod
+    def shown_tree(fig, session: Session):
+        """The step tree as the page gets it: the wheel zooms it, and the zoom stays from step to step."""
+        if fig is None or session.run is None or not session.run.traces:
+            return fig
+        return zoomable(fig, f"tree-{len(session.run.traces[0]['tree'])}")
 
     def run_figures(self, session: Session, selected: int | None = None):
         """(run chart, acceptance heatmap, calibration) of the session's run."""
@@ -143,7 +149,8 @@ class DecodeTab:
         if i is None:
             return None
         tree_fig, head_fig, table = self.step_view(session, i, view)
-        return tree_fig, head_fig, table, self.run_figures(session, i)[0], text_html(run.text, run.ends, i), i
+        return (self.shown_tree(tree_fig, session), head_fig, table, self.run_figures(session, i)[0],
+                text_html(run.text, run.ends, i), i)
 
     def load_run(self, session: Session, run_id: object) -> str:
         try:
@@ -334,6 +341,7 @@ class DecodeTab:
                     continue
                 tree_fig, head_fig, table = self.step_view(session, last, view)
                 run_fig, heat_fig, calib_fig = self.run_figures(session, last)
+                tree_fig = self.shown_tree(tree_fig, session)
                 yield (ev["stats"], ev["html"], steps, tree_fig if tree_fig is not None else skip,
                        head_fig if head_fig is not None else skip, table, run_fig,
                        heat_fig if heat_fig is not None else skip, calib_fig, gr.update(choices=self.run_choices()),
@@ -345,7 +353,7 @@ class DecodeTab:
         page.job(self.run_btn, decode_stream, [self.prompt, self.tree, page.editor, self.mode, self.accept,
                                                self.temperature, self.top_p, self.seed, self.max_new] + view_in,
                  decode_out, begun="⏳ decoding…")
-        page.stop_button(self.stop_btn)
+        page.stop_button(self.stop_btn, self.stats)
 
         select_out = [self.tree_plot, self.head_plot, self.node_table, self.run_plot, self.out_html, self.step]
 
@@ -364,8 +372,9 @@ class DecodeTab:
         self.out_html.click(clicked_text, view_in, select_out, **PRIVATE)
 
         def redraw(s, prune_v, show, collapsed, request: gr.Request):
-            tree_fig, _, _ = self.step_view(page.session(request), s, view_of(prune_v, show, collapsed))
-            return tree_fig if tree_fig is not None else skip
+            session = page.session(request)
+            tree_fig, _, _ = self.step_view(session, s, view_of(prune_v, show, collapsed))
+            return self.shown_tree(tree_fig, session) if tree_fig is not None else skip
 
         for c in view_in:
             c.change(redraw, [self.step] + view_in, self.tree_plot, **PRIVATE)
@@ -400,6 +409,7 @@ class DecodeTab:
                 return (msg,) + (skip,) * (11 + len(restore_out))
             last = len(run.traces) - 1
             tree_fig, head_fig, table = self.step_view(session, last, view_of(prune_v, show, collapsed))
+            tree_fig = self.shown_tree(tree_fig, session)
             run_fig, heat_fig, calib_fig = self.run_figures(session, last)
             d = self.wb.store.run_dir(run.run_id)
             c = self.restored_controls(run)
