@@ -55,7 +55,7 @@ class Page:
 
     def job(self, button: gr.Button, fn: Callable, inputs: list, outputs: list, begun: str | None = None, **kw) -> None:
         """A button that runs an engine job: a Stop pressed earlier is forgotten at the click (at once,
-        outside the queue), then `fn` runs in the engine's queue. A click while this page's previous job
+        outside the engine's queue), then `fn` runs in the engine's queue. A click while this page's previous job
         is queued or running is refused with a one-line message: Gradio would drop it without a word."""
         def begin(request: gr.Request):
             if not self.wb.sessions.begin(sid(request)):
@@ -65,8 +65,7 @@ class Page:
         def end(request: gr.Request) -> None:
             self.wb.sessions.end(sid(request))
 
-        first = button.click(begin, None, outputs[0] if begun else None, queue=False, trigger_mode="multiple",
-                             **PRIVATE)
+        first = button.click(begin, None, outputs[0] if begun else None, trigger_mode="multiple", **PRIVATE)
         job = first.success(fn, inputs, outputs, concurrency_limit=1, concurrency_id=ENGINE_QUEUE, **PRIVATE, **kw)
         job.then(end, None, None, queue=False, **PRIVATE)
 

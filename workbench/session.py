@@ -141,7 +141,7 @@ class Session:
     latency: dict[int, dict] | None = None  # measured step times by tree size (trees.latency_points)
     latency_source: str = ""
     jobs: int = 0  # jobs running now: while > 0 the session is never forgotten
-    waiting: bool = False  # a job's button was clicked and its job has not ended yet
+    waiting: bool = False  # a job's button was clicked and its job has not started (nor failed before starting)
     playing: bool = False  # the Decode tab's playback is on (its timer's ticks advance the step)
     closed: bool = False  # its client went away
 
@@ -179,6 +179,7 @@ class Sessions:
             self._items[session.id] = session
             self._items.move_to_end(session.id)
             session.jobs += 1
+            session.waiting = False  # its click has become this running job
         try:
             yield session
         finally:
@@ -194,17 +195,18 @@ class Sessions:
 
     def begin(self, sid: str | None) -> bool:
         """A job's button was pressed: a Stop pressed before it belongs to an earlier job. False (and
-        nothing changed) while this session's previous click has not ended: the page says so."""
+        nothing changed) while this session's previous job is queued or running: the page says so."""
         s = self.get(sid)
         with self._lock:
-            if s.waiting:
+            if s.waiting or s.jobs:
                 return False
             s.waiting = True
         s.stop.clear()
         return True
 
     def end(self, sid: str | None) -> None:
-        """The job of the last accepted click has ended (or failed): the next click is a new job."""
+        """The event of the last accepted click has ended: the next click is a new job, also when the
+        event failed (bad input) before its job started."""
         self.get(sid).waiting = False
 
     def stop(self, sid: str | None) -> str:
