@@ -179,7 +179,7 @@ def measure_stop(pg, tokens: int, after_s: float) -> dict:
 
 
 def tokens_per_s(stats: str) -> float | None:
-    m = re.search(r"([\d.]+) tokens/s", stats)
+    m = re.search(r"([\d.]+) tokens/s\b", stats)  # not 'tokens/step'
     return float(m.group(1)) if m else None
 
 
@@ -210,7 +210,7 @@ def heavy_round(pg, cdp, client, tree: str, tokens: int) -> dict:
     api = client.predict(PROMPT, tree, "medusa", "greedy", 0.7, 1.0, 0, tokens, api_name="/generate")
     api_wall = time.perf_counter() - t0
     page_tps, api_tps = tokens_per_s(page_stats), tokens_per_s(api.get("stats", ""))
-    return {"page_stats": page_stats, "longtasks": {"n": len(longs), "sum_ms": round(sum(longs)),
+    return {"page_stats": page_stats, "api_stats": api.get("stats"), "longtasks": {"n": len(longs), "sum_ms": round(sum(longs)),
                                                    "max_ms": round(max(longs, default=0))},
             "dom": dom, "page_tokens_per_s": page_tps, "api_tokens_per_s": api_tps,
             "api_over_page": round(api_tps / page_tps, 3) if page_tps and api_tps else None,
