@@ -90,20 +90,182 @@ def test_loads_without_console_errors(browser, app_url):
     pg.context.close()
 
 
-def test_decode_streams_and_a_click_on_the_text_selects_its_step(browser, app_url):
-    pg = open_page(browser, app_url)
-    pg.get_by_role("button", name="Generate").click()
+def wait_settled(pg) -> None:
+    """The run has ended and its closing messages (which repeat the final text and draw the last
+    step's figures) have landed, so a click now is not overwritten by them."""
     wait_done(pg)
-    assert "stopped: length" in stats(pg)
-    spans = pg.locator("#out-text span[data-step]")
-    assert spans.count() > 10
-    target = spans.nth(5)
-    step = int(target.get_attribute("data-step"))
-    target.click()
+    last = int(stats(pg).split(" steps")[0].split()[-1]) - 1
+    pg.wait_for_function("(s) => document.querySelector('#tree-plot .gtitle')?.textContent.startsWith('step ' + s + ':')",
+                         arg=last, timeout=60_000)
+    pg.wait_for_timeout(1000)
+
+
+def tree_title(pg) -> str:
+    return pg.evaluate("document.querySelector('#tree-plot .gtitle')?.textContent || ''")
+
+
+def x_range(pg) -> list[float]:
+    return pg.evaluate("document.querySelector('#tree-plot .js-plotly-plot')._fullLayout.xaxis.range")
+
+
+CHAR_AT_JS = """(frac) => {
+  const pre = document.querySelector('#out-text pre.out'), box = pre.getBoundingClientRect();
+  const w = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT), chars = [];
+  while (w.nextNode()) for (let i = 0; i < w.currentNode.length; i++) chars.push([w.currentNode, i]);
+  const r = document.createRange();
+  for (let k = Math.floor((chars.length - 1) * frac); k >= 0; k--) {
+    const [node, i] = chars[k];
+    r.setStart(node, i); r.setEnd(node, i + 1);
+    const b = r.getBoundingClientRect();
+    if (b.width > 3 && b.top >= box.top && b.bottom <= box.bottom)
+      return [b.left + b.width / 2 - box.left, b.top + b.height / 2 - box.top];
+  }
+  return null;
+}"""
+
+
+def click_text(pg, frac: float) -> int:
+    """Click a visible character about `frac` of the way into the output text; returns the step the
+    page then marks, once the step tree shows it."""
+    x, y = pg.evaluate(CHAR_AT_JS, frac)
+    pg.evaluate("document.querySelector('#out-text mark.sel')?.removeAttribute('data-step')")  # the last mark
+    pg.locator("#out-text pre.out").click(position={"x": x, "y": y})
+    pg.wait_for_selector("#out-text mark.sel[data-step]", state="attached", timeout=30_000)
+    step = int(pg.locator("#out-text mark.sel").get_attribute("data-step"))
     pg.wait_for_function("(s) => document.querySelector('#tree-plot .gtitle')?.textContent.startsWith('step ' + s + ':')",
                          arg=step, timeout=30_000)
-    assert pg.locator("#out-text span.sel").get_attribute("data-step") == str(step)  # highlighted in the text
+    return step
+
+
+def test_decode_text_is_light_a_click_selects_its_step_the_wheel_zooms_and_pause_holds(browser, app_url):
+    """After a long run: the text is one node (three with a step marked); a click selects the step
+    under it; the wheel zooms the step tree (the page does not scroll); Pause holds the step, a tick in
+    flight or not; Load run gives back the prompt and tree."""
+    pg = open_page(browser, app_url)
+    set_number(pg, "max new tokens", 600)
+    pg.get_by_role("button", name="Generate").click()
+    wait_settled(pg)
+    assert "stopped: length" in stats(pg)
+    assert pg.evaluate("document.querySelector('#out-text pre.out').childNodes.length") == 1
+    step = click_text(pg, 0.02)
+    assert pg.evaluate("document.querySelector('#out-text pre.out').childNodes.length") <= 3  # before, mark, after
+    later = click_text(pg, 0.3)
+    assert later > step
+
+    pg.locator("#tree-plot").scroll_into_view_if_needed()
+    box = pg.locator("#tree-plot .nsewdrag").first.bounding_box()
+    full, scroll = x_range(pg), pg.evaluate("window.scrollY")
+    pg.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    pg.mouse.wheel(0, -400)
+    pg.wait_for_timeout(1000)
+    zoomed = x_range(pg)
+    assert zoomed[1] - zoomed[0] < 0.97 * (full[1] - full[0]), (full, zoomed)
+    assert pg.evaluate("window.scrollY") == scroll  # the wheel zoomed the tree, it did not scroll the page
+
+    for _ in range(3):  # Pause holds, whether or not a tick was in flight when it was pressed
+        pg.get_by_role("button", name="▶ play").click()
+        pg.wait_for_timeout(1400)
+        pg.get_by_role("button", name="⏸ pause").click()
+        pg.wait_for_timeout(900)  # a tick that was in flight lands
+        held = tree_title(pg)
+        pg.wait_for_timeout(2000)
+        assert tree_title(pg) == held and pg.get_by_role("button", name="▶ play").is_visible()
+
+    prompt = pg.get_by_label("prompt", exact=True)
+    prompt.fill("something else")
+    choose(pg, "tree", "chain_2")
+    pg.get_by_text("calibration, downloads and saved runs").click()
+    pg.get_by_label("saved runs (newest first)").click()
+    pg.locator("[role=option]").first.click()
+    pg.get_by_role("button", name="Load run").click()
+    pg.wait_for_selector("text=loaded run", timeout=30_000)
+    pg.wait_for_timeout(500)
+    assert prompt.input_value() == "def read_config(path):"
+    assert pg.get_by_label("tree", exact=True).first.input_value() == "demo_tuned"
     pg.screenshot(path=str(ART / "decode.png"), full_page=True)
+    pg.context.close()
+
+
+@pytest.mark.xfail(strict=True, reason="not fixed: the figure sets uirevision, yet the next step's drawing resets "
+                   "the zoom (Gradio's Plotly.react path; cause not found)")
+def test_the_zoom_stays_when_another_step_is_selected(browser, app_url):
+    pg = open_page(browser, app_url)
+    set_number(pg, "max new tokens", 96)
+    pg.get_by_role("button", name="Generate").click()
+    wait_settled(pg)
+    pg.locator("#tree-plot").scroll_into_view_if_needed()
+    box = pg.locator("#tree-plot .nsewdrag").first.bounding_box()
+    pg.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    pg.mouse.wheel(0, -400)
+    pg.wait_for_timeout(1000)
+    zoomed = x_range(pg)
+    click_text(pg, 0.05)
+    assert x_range(pg) == pytest.approx(zoomed)
+    pg.context.close()
+
+
+def test_a_second_generate_while_one_runs_says_so(browser, app_url):
+    pg = open_page(browser, app_url)
+    set_number(pg, "max new tokens", 384)
+    pg.get_by_role("button", name="Generate").click()
+    pg.wait_for_function("document.querySelector('#stats').innerText.includes('tokens,')", timeout=60_000)
+    pg.get_by_role("button", name="Generate").click()
+    pg.wait_for_selector("text=this page already has a job queued or running", timeout=10_000)
+    pg.get_by_role("button", name="Stop").click()
+    pg.wait_for_function("document.querySelector('#stats').innerText.includes('stopped by user')", timeout=60_000)
+    pg.context.close()
+
+
+@pytest.mark.xfail(strict=True, reason="not fixed: each Plotly plot's first redraw after a run leaves its old DOM "
+                   "referenced (about 3,500 detached nodes and 600 listeners a run+click cycle; runs alone and "
+                   "clicks alone stay flat)")
+def test_dom_stays_flat_across_runs(browser, app_url):
+    """Three runs with a step selected after each: the page's DOM nodes and listeners (detached ones
+    included, after a garbage collection) do not grow from the first run to the third."""
+    from workbench.uibench import dom_counts
+
+    pg = open_page(browser, app_url)
+    cdp = pg.context.new_cdp_session(pg)
+    choose(pg, "tree", "mc_sim_7b_63")
+    set_number(pg, "max new tokens", 300)
+    counts = []
+    for _ in range(3):
+        pg.get_by_role("button", name="Generate").click()
+        pg.wait_for_function("!document.querySelector('#stats').innerText.includes('stopped')", timeout=60_000)
+        wait_settled(pg)
+        click_text(pg, 0.02)
+        pg.wait_for_timeout(500)
+        counts.append(dom_counts(pg, cdp))
+    assert counts[2]["nodes"] - counts[0]["nodes"] <= 300, counts  # before: +20,000 a run
+    assert counts[2]["listeners"] - counts[0]["listeners"] <= 50, counts
+    assert counts[2]["detached"] <= 1000, counts
+    pg.context.close()
+
+
+def _luminance(rgb: str) -> float:
+    r, g, b = (int(v) / 255 for v in rgb[rgb.index("(") + 1:rgb.index(")")].split(",")[:3])
+    lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in (r, g, b)]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def test_dark_mode_keeps_the_text_readable_and_the_plots_dark(browser, app_url):
+    pg = browser.new_context(viewport={"width": 1400, "height": 1000}, color_scheme="dark").new_page()
+    pg.goto(app_url + "?__theme=dark")
+    pg.wait_for_selector("text=Generate", timeout=120_000)
+    set_number(pg, "max new tokens", 300)
+    pg.get_by_role("button", name="Generate").click()
+    wait_settled(pg)
+    click_text(pg, 0.02)
+    fg, bg = pg.evaluate("""() => { const s = getComputedStyle(document.querySelector('#out-text pre.out'));
+                                     return [s.color, s.backgroundColor]; }""")
+    hi, lo = sorted((_luminance(fg), _luminance(bg)), reverse=True)
+    assert (hi + 0.05) / (lo + 0.05) >= 4.5, (fg, bg)  # WCAG AA contrast
+    for plot in ("#tree-plot", "#head-plot", "#run-plot"):
+        svg_bg = pg.evaluate(f"getComputedStyle(document.querySelector('{plot} .main-svg')).backgroundColor")
+        assert svg_bg == "rgba(0, 0, 0, 0)" or _luminance(svg_bg) < 0.2, (plot, svg_bg)
+        area = pg.evaluate(f"getComputedStyle(document.querySelector('{plot} .bg') || document.body).fill")
+        assert _luminance(area) < 0.2, (plot, area)
+    pg.screenshot(path=str(ART / "decode_dark.png"), full_page=True)
     pg.context.close()
 
 

@@ -81,3 +81,25 @@ def test_the_workbench_prompt_set_takes_the_fetched_sets(tmp_path, monkeypatch, 
     (tmp_path / "data" / "mtbench.jsonl").write_text("".join(
         f'{{"question_id": {i}, "turns": ["q{i}"]}}\n' for i in range(10)))
     assert [p.text for p in wb.prompt_set("mt-bench", "", None, 3)] == ["q0", "q1", "q2"]
+
+
+def test_choosing_a_model_without_heads_sets_ar_and_says_so(demo_engine, tmp_path):
+    """As the CLI does: a model without heads decodes AR by default, its header says 'none: AR'; back
+    on a model with heads, Medusa again."""
+    from conftest import make_hf_model
+
+    import engine
+    from workbench.core import Workbench
+    from workbench.modelbar import ModelBar
+    from workbench.models import AR_ONLY
+    from workbench.session import Session
+
+    plain = tmp_path / "plain"
+    make_hf_model(plain, "llama")
+    wb = Workbench(demo_engine, tmp_path / "data", model="demo",
+                   loader=lambda name: engine.load(plain if name == "plain" else name, device="cpu"))
+    bar, session = ModelBar(wb), Session("s1")
+    header, _, mode = bar.select(session, "plain")
+    assert mode == "ar" and AR_ONLY in header and bar.on_load(session)[3] == "ar"
+    header, _, mode = bar.select(session, "demo")
+    assert mode == "medusa" and AR_ONLY not in header

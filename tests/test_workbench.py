@@ -199,27 +199,26 @@ class SteppedClock:
 
 
 @pytest.mark.parametrize("per_step", [1 / 16, 1 / 4])
-def test_streaming_is_throttled_not_resent(tabs, wb, monkeypatch, per_step):
-    """Text updates come at most every THROTTLE_S, figure traces at most every FIGURE_S, plus the last
-    step's and the closing update; the text only grows at its end. At 1/16 s a step that is a text update
-    every 4th step and a figure every 16th; at 1/4 s a step (slower than the throttle) every step's text
-    and every 4th step's figure."""
+def test_streaming_is_throttled_not_resent_and_draws_no_figures(tabs, wb, monkeypatch, per_step):
+    """Text updates come at most every THROTTLE_S, plus the last step's and the closing update; the text
+    only grows at its end; no streamed update carries a step to draw (figures are drawn once, for the
+    selected step, at the end). At 1/16 s a step that is a text update every 4th step; at 1/4 s (no
+    faster than the throttle) every step."""
     from workbench.tabs import decode as decode_tab
 
     monkeypatch.setattr(decode_tab, "time", SteppedClock(per_step))
     session = wb.sessions.get("throttle")
     events = list(tabs.decode.decode(session, "def f(x):\n", "demo_tuned", "", "medusa", "greedy", 0.7, 1.0, 0, 200))
     steps = len(session.run.traces)
-    text_every, fig_every = math.ceil(decode_tab.THROTTLE_S / per_step), math.ceil(decode_tab.FIGURE_S / per_step)
-    assert steps > 2 * fig_every and events[-1]["done"]
+    text_every = math.ceil(decode_tab.THROTTLE_S / per_step)
+    assert steps > 4 * text_every and events[-1]["done"]
     streamed = events[:-1]  # the closing update repeats the final state
     assert len(streamed) == len(range(0, steps - 1, text_every)) + 1  # every text_every-th step, and the last
-    figs = [e for e in streamed if e["trace"] is not None]
-    assert len(figs) == len(range(0, steps - 1, fig_every)) + 1
-    assert figs[-1]["trace"] is session.run.traces[-1] and events[-1]["trace"] is session.run.traces[-1]
-    assert [e["steps"] for e in figs[:-1]] == list(range(1, steps, fig_every))  # one figure a second, not more
+    assert all(e["trace"] is None for e in streamed)
+    assert events[-1]["trace"] is session.run.traces[-1]
     for a, b in zip(events, events[1:]):  # the text only grows at the end: Gradio sends the appended part
         assert b["html"].startswith(a["html"])
+    assert "<span" not in events[-1]["html"]  # one text node, not a span per step
 
 
 def test_saved_runs_record_their_acceptance_rule(tabs, wb):

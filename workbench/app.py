@@ -33,12 +33,19 @@ MAX_REQUEST = 2_000_000  # ... and per request body, all files together or an ev
 GRADIO_SESSIONS = 2 * MAX_SESSIONS  # Gradio's per-session component state (~300 KB each), least recent dropped
 GRADIO_CACHE = (600, 3600)  # Gradio's copies of served files: checked every 10 min, removed after an hour
 TEXT_CSS = """
-pre.out { white-space: pre-wrap; font-size: 14px; line-height: 1.45; max-height: 460px; overflow-y: auto; margin: 0; }
-.s0 { background: #e3f2fd; } .s1 { background: #fff3e0; } .s2 { background: #e8f5e9; }
-.s3 { background: #fce4ec; } .s4 { background: #ede7f6; } .s5 { background: #f1f8e9; }
+pre.out { white-space: pre-wrap; font-size: 14px; line-height: 1.45; max-height: 460px; overflow-y: auto; margin: 0;
+          color: var(--body-text-color); background: var(--block-background-fill); cursor: text; }
+pre.out mark.sel { outline: 2px solid #ff7f0e; background: #ffe0b2; color: #1a1a1a; }
 #tree-json .cm-editor, #tree-json .cm-scroller { max-height: 420px !important; min-height: 160px !important; }
 #tree-json .cm-scroller { overflow-y: auto !important; }
-pre.out span { cursor: pointer; } pre.out span.sel { outline: 2px solid #ff7f0e; background: #ffe0b2; }
+.dark .js-plotly-plot .main-svg { background: transparent !important; }
+.dark .js-plotly-plot .bg { fill: #1f2430 !important; }
+.dark .js-plotly-plot .gtitle, .dark .js-plotly-plot .xtick text, .dark .js-plotly-plot .ytick text,
+.dark .js-plotly-plot .annotation-text, .dark .js-plotly-plot .legendtext, .dark .js-plotly-plot .cbtitle text,
+.dark .js-plotly-plot g.textpoint text, .dark .js-plotly-plot text.bartext,
+.dark .js-plotly-plot .g-xtitle text, .dark .js-plotly-plot .g-ytitle text {
+  fill: #e6e6e6 !important; }
+.dark .js-plotly-plot .gridlayer path, .dark .js-plotly-plot .zerolinelayer path { stroke: #3a4150 !important; }
 """
 
 
@@ -158,7 +165,7 @@ def build_app(wb: Workbench) -> gr.Blocks:
         for tab in tabs:
             with gr.Tab(tab.title):
                 tab.layout(page)
-        bar.wire(page)
+        bar.wire(page, decode.mode)
         for tab in tabs:
             tab.wire(page)
         Api(decode, editor, tune).wire(page)
@@ -169,6 +176,6 @@ def build_app(wb: Workbench) -> gr.Blocks:
                     *bar.on_load(page.session(request)), *runs.on_load(), *page.dropdown_updates()]
 
         app.load(on_load, page.editor, [editor.valid_msg, editor.plot, decode.runs_pick, decode.runs_msg, tune.pool_pick,
-                                        bar.model, bar.chat, bar.info, runs.a, runs.b, *page.tree_dropdowns],
+                                        bar.model, bar.chat, bar.info, decode.mode, runs.a, runs.b, *page.tree_dropdowns],
                  api_visibility="private")
     return app

@@ -19,15 +19,16 @@ class ModelBar:
     def __init__(self, wb: Workbench):
         self.wb = wb
 
-    def select(self, session: Session, name: object) -> tuple[str, bool | None]:
-        """Switch the session to `name`: -> (header, chat toggle's value, or None to leave it). A model
-        that cannot load (smollm2 not fetched yet, a bad folder) leaves the session where it was."""
+    def select(self, session: Session, name: object) -> tuple[str, bool | None, str | None]:
+        """Switch the session to `name`: -> (header, chat toggle's value, decoding mode; None to leave
+        them). A model without heads decodes AR by default (as the CLI does) and its header says so. A
+        model that cannot load (smollm2 not fetched yet, a bad folder) leaves the session where it was."""
         try:
             engine = self.wb.engines.get(str(name or ""))
         except UserError as e:
-            return f"✗ {e}\n\n{self.header(session)}", None
+            return f"✗ {e}\n\n{self.header(session)}", None, None
         session.model, session.chat = str(name), None
-        return describe(engine), engine.has_chat_template
+        return describe(engine), engine.has_chat_template, default_mode(engine)
 
     def header(self, session: Session) -> str:
         try:
@@ -52,12 +53,13 @@ class ModelBar:
                                     info="wrap prompts in the model's chat turns", scale=1, elem_id="chat-toggle")
             self.info = gr.Markdown(describe(self.wb.engine), elem_id="model-header")
 
-    def wire(self, page: Page) -> None:
+    def wire(self, page: Page, mode: gr.Radio) -> None:
+        """`mode`: the Decode tab's mode radio, set to the chosen model's default."""
         def select(name, request: gr.Request):
-            header, chat = self.select(page.session(request), name)
-            return header, gr.update() if chat is None else chat
+            header, chat, mode_value = self.select(page.session(request), name)
+            return header, gr.update() if chat is None else chat, gr.update() if mode_value is None else mode_value
 
-        self.model.input(select, self.model, [self.info, self.chat], concurrency_limit=1,
+        self.model.input(select, self.model, [self.info, self.chat, mode], concurrency_limit=1,
                          concurrency_id=ENGINE_QUEUE, **PRIVATE)
 
         def toggle(on, request: gr.Request):
@@ -66,5 +68,14 @@ class ModelBar:
         self.chat.input(toggle, self.chat, None, queue=False, **PRIVATE)
 
     def on_load(self, session: Session) -> tuple:
-        """(selector, chat toggle, header) for a page that opens in `session`."""
-        return self.wb.model_of(session), self.chat_default(session), self.header(session)
+        """(selector, chat toggle, header, decoding mode) for a page that opens in `session`."""
+        try:
+            mode = default_mode(self.wb.engine_of(session))
+        except UserError:
+            mode = "ar"
+        return self.wb.model_of(session), self.chat_default(session), self.header(session), mode
+
+
+def default_mode(engine) -> str:
+    """Medusa where there are heads, else AR (Engine.resolved's rule for mode=None)."""
+    return "medusa" if engine.heads is not None else "ar"

@@ -19,6 +19,8 @@ from .core import Workbench
 
 ENGINE_QUEUE = "engine"  # every event that decodes shares this concurrency group of one
 PRIVATE = dict(api_visibility="private")
+STOPPED_QUEUED = "✗ stopped by user before the run started"
+BUSY = "this page already has a job queued or running: wait for it to end, or press Stop"
 # the acceptance radios list the registry (engine.accept.RULES), so a rule added there appears in every tab
 ACCEPT_CHOICES = [(rule.label, name) for name, rule in RULES.items()]  # (label shown, value sent)
 
@@ -54,19 +56,29 @@ class Page:
 
     def job(self, button: gr.Button, fn: Callable, inputs: list, outputs: list, begun: str | None = None, **kw) -> None:
         """A button that runs an engine job: a Stop pressed earlier is forgotten at the click (at once,
-        outside the queue), then `fn` runs in the engine's queue."""
+        outside the engine's queue), then `fn` runs in the engine's queue. A click while this page's previous job
+        is queued or running is refused with a one-line message: Gradio would drop it without a word."""
         def begin(request: gr.Request):
-            self.wb.sessions.begin(sid(request))
+            if not self.wb.sessions.begin(sid(request)):
+                raise gr.Error(BUSY, duration=6, print_exception=False)
             return begun
 
-        first = button.click(begin, None, outputs[0] if begun else None, queue=False, **PRIVATE)
-        first.then(fn, inputs, outputs, concurrency_limit=1, concurrency_id=ENGINE_QUEUE, **PRIVATE, **kw)
+        def end(request: gr.Request) -> None:
+            self.wb.sessions.end(sid(request))
 
-    def stop_button(self, button: gr.Button) -> None:
+        first = button.click(begin, None, outputs[0] if begun else None, trigger_mode="multiple", **PRIVATE)
+        job = first.success(fn, inputs, outputs, concurrency_limit=1, concurrency_id=ENGINE_QUEUE, **PRIVATE, **kw)
+        job.then(end, None, None, queue=False, **PRIVATE)
+
+    def stop_button(self, button: gr.Button, status: gr.components.Component | None = None) -> None:
+        """Stop, handled at once outside the queue (it never waits for a job or for the page). With
+        `status`, a job still waiting in the queue is reported stopped there and then: it would
+        otherwise say so only when the jobs ahead of it had ended."""
         def stop(request: gr.Request):
-            self.wb.sessions.stop(sid(request))
+            was = self.wb.sessions.stop(sid(request))
+            return STOPPED_QUEUED if was == "queued" else gr.update()
 
-        button.click(stop, None, None, queue=False, **PRIVATE)
+        button.click(stop, None, status, queue=False, trigger_mode="multiple", **PRIVATE)
 
     def download(self, name: str, text: str) -> str:
         return str(self.wb.store.write_download(name, text))

@@ -14,6 +14,7 @@ message, never an exception in the UI.
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from collections import OrderedDict
@@ -67,6 +68,8 @@ class RunState:
     settings: dict
     traces: list[dict] = field(default_factory=list)
     pieces: list[str] = field(default_factory=list)  # text each step added
+    ends: list[int] = field(default_factory=list)  # per step: where its text ends in the run's text (characters)
+    hits_at: list[tuple[tuple[int, int], ...]] = field(default_factory=list)  # per step: head_hits as they stood then
     stream: list[int] = field(default_factory=list)
     head_hits: list[list[int]] = field(default_factory=list)  # per head: [top-1 right, resolved]
     pending: list[list] = field(default_factory=list)  # [stream index of root, heads' top-1, heads resolved]
@@ -79,6 +82,7 @@ class RunState:
         start = len(self.stream)
         self.traces.append(trace)
         self.pieces.append(text)
+        self.ends.append((self.ends[-1] if self.ends else 0) + len(text))
         self.stream.extend(trace["accepted_tokens"])
         heads = trace.get("head_topk") or []
         if heads:
@@ -93,6 +97,25 @@ class RunState:
                 k += 1
             entry[2] = k
         self.pending = [e for e in self.pending if e[2] < len(e[1])]
+        self.hits_at.append(tuple((h[0], h[1]) for h in self.head_hits))
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def step_at(self, offset: object) -> int | None:
+        """The step whose text holds character `offset` of the run's text (a click in the page sends the
+        offset, not the step: the page keeps one text node, not a span per step); None when there is
+        no step or `offset` is not a number."""
+        i = step_index(offset, self.ends[-1] + 1 if self.ends else 0)
+        if i is None or not self.ends:
+            return None
+        return min(bisect.bisect_right(self.ends, i), len(self.ends) - 1)
+
+    def head_hits_until(self, step: int) -> list[tuple[int, int]]:
+        """Per head (top-1 right, resolved) as known when `step` had been decoded: what the head panel
+        says 'so far' at that step."""
+        return list(self.hits_at[step]) if 0 <= step < len(self.hits_at) else []
 
     @property
     def tokens(self) -> int:
@@ -120,6 +143,8 @@ class Session:
     model: str | None = None  # the model this session decodes with (None: the one the app started with)
     chat: bool | None = None  # wrap prompts in the chat template (None: when the model has one)
     jobs: int = 0  # jobs running now: while > 0 the session is never forgotten
+    waiting: bool = False  # a job's button was clicked and its job has not started (nor failed before starting)
+    playing: bool = False  # the Decode tab's playback is on (its timer's ticks advance the step)
     closed: bool = False  # its client went away
 
     def check_stop(self) -> None:
@@ -156,6 +181,7 @@ class Sessions:
             self._items[session.id] = session
             self._items.move_to_end(session.id)
             session.jobs += 1
+            session.waiting = False  # its click has become this running job
         try:
             yield session
         finally:
@@ -169,17 +195,32 @@ class Sessions:
                     session.stop.clear()
                 self._shrink()
 
-    def begin(self, sid: str | None) -> None:
-        """A job's button was pressed: a Stop pressed before it belongs to an earlier job."""
-        self.get(sid).stop.clear()
+    def begin(self, sid: str | None) -> bool:
+        """A job's button was pressed: a Stop pressed before it belongs to an earlier job. False (and
+        nothing changed) while this session's previous job is queued or running: the page says so."""
+        s = self.get(sid)
+        with self._lock:
+            if s.waiting or s.jobs:
+                return False
+            s.waiting = True
+        s.stop.clear()
+        return True
 
-    def stop(self, sid: str | None) -> None:
-        """The Stop button: the session's job ends after its step in flight (nothing to stop in a
-        session the table does not hold: a session with a job is always held)."""
+    def end(self, sid: str | None) -> None:
+        """The event of the last accepted click has ended: the next click is a new job, also when the
+        event failed (bad input) before its job started."""
+        self.get(sid).waiting = False
+
+    def stop(self, sid: str | None) -> str:
+        """The Stop button: the session's job ends after its step in flight, or as it leaves the queue
+        (nothing to stop in a session the table does not hold: a session with a job is always held).
+        -> what was stopped: "running", "queued" (its job had not started) or "idle"."""
         with self._lock:
             s = self._items.get(sid or "default")
-        if s is not None:
-            s.stop.set()
+        if s is None:
+            return "idle"
+        s.stop.set()
+        return "running" if s.jobs else "queued" if s.waiting else "idle"
 
     def close(self, sid: str) -> None:
         """Its client went away during a job: stop the job now and forget the session when it ends.

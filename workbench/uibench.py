@@ -10,6 +10,14 @@ the last message's arrival to the page showing the end (both read in the page); 
 longest run, how long a Stop click takes to show 'stopped by user'. Prints one JSON object.
 (Gradio's completion message after a stream repeats the final values whole; it is counted in
 bytes_total only.)
+
+Then the page's weight over long runs (issue 31), per tree (63 and 255 nodes): three rounds of a
+1,000-token run driven from the page, each followed by the same run through the API; per round the
+main thread's long tasks (PerformanceObserver 'longtask': count, sum, max), the DOM after a garbage
+collection (Memory.getDOMCounters: nodes and listeners, and how many nodes are detached from the
+document), and tokens/s from the page and from the API. Last, Stop from two pages at once (the
+second page's run waits in the queue behind the first's) under `--load` busy processes: seconds from
+each click to its page saying 'stopped by user'.
 """
 
 from __future__ import annotations
@@ -17,7 +25,11 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
+import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,10 +37,16 @@ from pathlib import Path
 from .browser import CHROMIUM, choose, launch, open_page, set_number
 from .loadtest import start_server
 
+BIG_TREE = "uibench255"  # saved into the server's data folder before it starts
+PROMPT = "def read_config(path):"
+TARGETS = {"longtask_max_ms": 200, "dom_growth_run1_to_run3": 0, "api_over_page_tokens_per_s": 1.2, "stop_s": 1.0}
+
 # In the page: the arrival time (performance.now()) of every chunk of the queue's event stream, and
 # of the stats line first saying 'stopped' -- one clock for both ends of the delay.
 PAGE_CLOCK = """
-window.__chunks = []; window.__done = null;
+window.__chunks = []; window.__done = null; window.__long = [];
+new PerformanceObserver((list) => { for (const e of list.getEntries()) window.__long.push(e.duration); })
+  .observe({type: 'longtask', buffered: true});
 const realFetch = window.fetch;
 window.fetch = async (...args) => {
   const res = await realFetch(...args);
@@ -160,12 +178,121 @@ def measure_stop(pg, tokens: int, after_s: float) -> dict:
             "stats": pg.locator("#stats").inner_text()}
 
 
-def run(lengths: list[int], tree: str, chromium: str) -> dict:
+def tokens_per_s(stats: str) -> float | None:
+    m = re.search(r"([\d.]+) tokens/s\b", stats)  # not 'tokens/step'
+    return float(m.group(1)) if m else None
+
+
+def dom_counts(pg, cdp) -> dict:
+    """After a full garbage collection: DOM nodes and listeners alive (Memory.getDOMCounters counts
+    detached nodes still referenced too) and the nodes in the document; the difference is detached."""
+    cdp.send("HeapProfiler.collectGarbage")
+    c = cdp.send("Memory.getDOMCounters")
+    live = pg.evaluate("""() => { const w = document.createTreeWalker(document, NodeFilter.SHOW_ALL);
+                                   let n = 1; while (w.nextNode()) n++; return n; }""")
+    return {"nodes": c["nodes"], "listeners": c["jsEventListeners"], "in_document": live,
+            "detached": max(0, c["nodes"] - live)}
+
+
+def heavy_round(pg, cdp, client, tree: str, tokens: int) -> dict:
+    """One 1,000-token run from the page (long tasks and DOM after it), then the same run through the API."""
+    set_number(pg, "max new tokens", tokens)
+    pg.evaluate("() => { window.__long = []; }")
+    t0 = time.perf_counter()
+    pg.get_by_role("button", name="Generate").click()
+    _wait_run(pg, "stopped")
+    page_wall = time.perf_counter() - t0
+    pg.wait_for_timeout(1500)  # the closing update and the figures of the last step are drawn
+    longs = pg.evaluate("() => window.__long")
+    page_stats = pg.locator("#stats").inner_text()
+    dom = dom_counts(pg, cdp)
+    t0 = time.perf_counter()
+    api = client.predict(PROMPT, tree, "medusa", "greedy", 0.7, 1.0, 0, tokens, api_name="/generate")
+    api_wall = time.perf_counter() - t0
+    page_tps, api_tps = tokens_per_s(page_stats), tokens_per_s(api.get("stats", ""))
+    return {"page_stats": page_stats, "api_stats": api.get("stats"), "longtasks": {"n": len(longs), "sum_ms": round(sum(longs)),
+                                                   "max_ms": round(max(longs, default=0))},
+            "dom": dom, "page_tokens_per_s": page_tps, "api_tokens_per_s": api_tps,
+            "api_over_page": round(api_tps / page_tps, 3) if page_tps and api_tps else None,
+            "page_click_to_done_s": round(page_wall, 2), "api_call_s": round(api_wall, 2)}
+
+
+def heavy_runs(browser, url: str, trees_: list[str], tokens: int, rounds: int = 3) -> dict:
+    from gradio_client import Client
+
+    client = Client(url, verbose=False)
+    out = {}
+    for tree in trees_:
+        pg = open_page(browser, url, PAGE_CLOCK)
+        cdp = pg.context.new_cdp_session(pg)
+        choose(pg, "tree", tree)
+        before = dom_counts(pg, cdp)
+        rs = [heavy_round(pg, cdp, client, tree, tokens) for _ in range(rounds)]
+        out[tree] = {"dom_before": before, "rounds": rs,
+                     "dom_nodes_after_runs": [r["dom"]["nodes"] for r in rs],
+                     "dom_growth_run1_to_run3": rs[-1]["dom"]["nodes"] - rs[0]["dom"]["nodes"],
+                     "longtask_max_ms": max(r["longtasks"]["max_ms"] for r in rs),
+                     "longtask_sum_ms": [r["longtasks"]["sum_ms"] for r in rs],
+                     "api_over_page": [r["api_over_page"] for r in rs]}
+        pg.context.close()
+    return out
+
+
+def busy(n: int) -> list[subprocess.Popen]:
+    """n processes that spin a CPU each: the load under which Stop is measured."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def two_page_stop(browser, url: str, tree: str, tokens: int, load: int, after_s: float = 1.5) -> dict:
+    """Pages A and B press Generate (B's run waits in the queue behind A's); after_s into A's stream,
+    Stop in B, then Stop in A: seconds from each click to its page saying 'stopped by user'."""
+    a, b = open_page(browser, url), open_page(browser, url)
+    for pg in (a, b):
+        choose(pg, "tree", tree)
+        set_number(pg, "max new tokens", tokens)
+    spinners = busy(load)
+    try:
+        a.get_by_role("button", name="Generate").click()
+        a.wait_for_function("document.querySelector('#stats').innerText.includes('tokens,')", timeout=120_000)
+        b.get_by_role("button", name="Generate").click()
+        a.wait_for_timeout(int(after_s * 1000))
+        out = {"load_processes": load, "loadavg_1min": round(os.getloadavg()[0], 2)}
+        for name, pg in (("queued_page_B", b), ("running_page_A", a)):
+            t0 = time.perf_counter()
+            pg.get_by_role("button", name="Stop").click()
+            pg.wait_for_function("document.querySelector('#stats').innerText.includes('stopped by user')",
+                                 timeout=120_000, polling="raf")
+            out[name] = {"stop_click_to_page_s": round(time.perf_counter() - t0, 3),
+                         "stats": pg.locator("#stats").inner_text()}
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    for pg in (a, b):
+        pg.context.close()
+    return out
+
+
+def save_big_tree(data_dir: Path) -> None:
+    """A 255-node tree fitted to the demo model's traces, saved where the server will list it."""
+    import trees
+    from engine.loading import DEMO_DIR
+
+    from .store import Store
+
+    runs = trees.ar_runs(trees.read_runs(DEMO_DIR / "tune_traces.jsonl"))
+    paths = trees.best_tree(runs, 255, max_depth=4, time_limit=10)
+    Store(data_dir).save_tree(trees.TreeFile(paths, num_heads=4, name=BIG_TREE))
+
+
+def run(lengths: list[int], tree: str, chromium: str, heavy_tokens: int = 1000, load: int = 2) -> dict:
     from playwright.sync_api import sync_playwright
 
     data_dir = Path(tempfile.mkdtemp(prefix="uibench-"))
+    save_big_tree(data_dir)
     server, url = start_server(data_dir)
-    out: dict = {"tree": tree, "runs": []}
+    out: dict = {"tree": tree, "cpus": os.cpu_count(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+                 "targets": TARGETS, "runs": []}
     try:
         with sync_playwright() as p:
             browser = launch(p, chromium)
@@ -176,6 +303,9 @@ def run(lengths: list[int], tree: str, chromium: str) -> dict:
             for n in lengths:
                 out["runs"].append(measure_run(pg, tap, n))
             out["stop"] = measure_stop(pg, max(lengths), 1.0)
+            pg.context.close()
+            out["heavy"] = heavy_runs(browser, url, ["mc_sim_7b_63", f"saved/{BIG_TREE}"], heavy_tokens)
+            out["two_page_stop"] = two_page_stop(browser, url, f"saved/{BIG_TREE}", heavy_tokens, load)
             browser.close()
     finally:
         server.terminate()
@@ -188,8 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", default="96,384,1024")
     p.add_argument("--tree", default="mc_sim_7b_63")
     p.add_argument("--chromium", default=CHROMIUM)
+    p.add_argument("--heavy-tokens", type=int, default=1000, help="tokens per run of the page-weight rounds")
+    p.add_argument("--load", type=int, default=2, help="busy processes while Stop is measured from two pages")
     a = p.parse_args(argv)
-    res = run([int(x) for x in a.lengths.split(",")], a.tree, a.chromium)
+    res = run([int(x) for x in a.lengths.split(",")], a.tree, a.chromium, a.heavy_tokens, a.load)
     print(json.dumps({"date": time.strftime("%Y-%m-%d"), **res}))
     return 0
 

@@ -3,7 +3,6 @@ step scrubber and playback, downloads, and the saved runs."""
 
 from __future__ import annotations
 
-import html
 import json
 import logging
 import time
@@ -16,32 +15,18 @@ from engine import Engine, GenerationError
 from engine.trace import prompt_hash
 
 from .. import figures
-from ..core import MAX_PROMPT_CHARS, MODEL_TREE, Workbench
+from ..core import EDITOR, MAX_PROMPT_CHARS, MODEL_TREE, Workbench
 from ..page import ACCEPT_CHOICES, PRIVATE, Page
+from ..plotzoom import zoomable
+from ..runtext import CLICK_JS, text_html
 from ..session import RunState, Session, UserError, step_index, user_message
 from ..store import StoreError
 
 log = logging.getLogger("workbench")
-THROTTLE_S = 0.2  # streamed text and stats: at most five updates a second, whatever the step rate
-FIGURE_S = 1.0  # the live step tree and head panel: at most one redraw a second
-STEP_CLASSES = 6
+THROTTLE_S = 0.25  # streamed text and stats: at most four updates a second, whatever the step rate
 TABLE_HEADERS = ["node", "path", "token", "head p", "path p", "status", "why"]
 FIGURE_NAMES = ("step_tree", "heads", "run", "acceptance", "calibration")
-TEXT_JS = """
-element.addEventListener('click', (e) => {
-  const s = e.target.closest('[data-step]');
-  if (s) trigger('click', {step: parseInt(s.dataset.step)});
-});
-"""
-
-
-def step_span(step: int, text: str, selected: bool = False) -> str:
-    cls = f"s{step % STEP_CLASSES}" + (" sel" if selected else "")
-    return f'<span class="{cls}" data-step="{step}" title="step {step}">{html.escape(text)}</span>'
-
-
-def text_html(pieces: list[str], selected: int | None = None) -> str:
-    return "".join(step_span(i, t, i == selected) for i, t in enumerate(pieces))
+TOKEN_CHARS = 40  # the node table's token column: long tokens are cut, with '…'
 
 
 def example_prompt() -> str:
@@ -60,9 +45,10 @@ class DecodeTab:
                accept: object = "greedy", temperature: object = 0.7, top_p: object = 1.0, seed: object = 0,
                max_new_tokens: object = 96) -> Iterator[dict]:
         """Stream one run for one session. Yields small updates, throttled: {"html": the text so far
-        (Gradio sends only what was appended), "stats", "steps", "trace" (when a figure redraw is due,
-        else None), "done"}, the last one with "run"; or {"error": message} once. The session's Stop
-        (or its client leaving) ends the run after the step in flight."""
+        (Gradio sends only what was appended), "stats", "steps", "trace" (None while streaming: the
+        figures are drawn for the selected step, never for every streamed one), "done"}, the last one
+        with "trace" (the last step) and "run"; or {"error": message} once. The session's Stop (or its
+        client leaving) ends the run after the step in flight."""
         try:
             prompt = self.wb.check_prompt(prompt)
             tree = self.wb.resolve_choice(tree_choice, editor_text, session) if mode == "medusa" else None
@@ -95,12 +81,12 @@ class DecodeTab:
                     run.run_id = self.wb.store.save_run(settings, run.traces, "".join(run.pieces), run.finish)
                 except StoreError as e:
                     run.save_error = user_message(e)
-            yield {"html": text_html(run.pieces), "stats": run.stats(), "steps": len(run.traces),
+            yield {"html": text_html(run.text, run.ends), "stats": run.stats(), "steps": len(run.traces),
                    "trace": run.traces[-1] if run.traces else None, "done": True, "run": run}
 
     def _steps(self, engine: Engine, session: Session, run: RunState, prompt: str, cfg) -> Iterator[dict]:
         t0 = time.perf_counter()
-        last_text = last_fig = 0.0
+        last = 0.0
         events = engine.stream(prompt, config=cfg)
         try:
             for ev in events:
@@ -111,18 +97,19 @@ class DecodeTab:
                     run.finish = ev.finish_reason
                 if session.stop.is_set():  # say so at once; saving and the last figures follow
                     run.finish = "user"
-                    yield {"html": text_html(run.pieces), "stats": run.stats(), "steps": len(run.traces), "trace": None,
-                           "done": False}
+                    yield self._update(run)
                     return
                 now = time.monotonic()
-                if ev.done or now - last_text >= THROTTLE_S:
-                    fig_due = ev.done or now - last_fig >= FIGURE_S
-                    yield {"html": text_html(run.pieces), "stats": run.stats(), "steps": len(run.traces),
-                           "trace": run.traces[-1] if fig_due else None, "done": False}
-                    last_text = now
-                    last_fig = now if fig_due else last_fig
+                if ev.done or now - last >= THROTTLE_S:
+                    yield self._update(run)
+                    last = now
         finally:
             events.close()  # an abandoned stream (client gone) still finishes the engine's step in flight
+
+    @staticmethod
+    def _update(run: RunState) -> dict:
+        return {"html": text_html(run.text, run.ends), "stats": run.stats(), "steps": len(run.traces), "trace": None,
+                "done": False}
 
     def step_view(self, session: Session, step: object, view: figures.TreeView = figures.TreeView()):
         """(tree figure, head panel, node table rows) of one step of the session's run; (None, None, [])
@@ -133,10 +120,17 @@ class DecodeTab:
             return None, None, []
         tr = run.traces[i]
         rows = figures.node_rows(tr)
-        table = [[r["node"], json.dumps(r["path"]), r["token_text"], r["head_prob"], r["path_prob"], r["status"], r["why"]]
-                 for r in rows]
-        acc = [tuple(h) for h in run.head_hits]
+        table = [[r["node"], json.dumps(r["path"]), figures.token_label(r["token_text"], TOKEN_CHARS), r["head_prob"],
+                  r["path_prob"], r["status"], r["why"]] for r in rows]
+        acc = run.head_hits_until(i)
         return (figures.step_tree_figure(tr, view), figures.head_panel(tr, figures.next_tokens(run.traces, i), acc), table)
+
+    @staticmethod
+    def shown_tree(fig, session: Session):
+        """The step tree as the page gets it: the wheel zooms it, and the zoom stays from step to step."""
+        if fig is None or session.run is None or not session.run.traces:
+            return fig
+        return zoomable(fig, f"tree-{len(session.run.traces[0]['tree'])}")
 
     def run_figures(self, session: Session, selected: int | None = None):
         """(run chart, acceptance heatmap, calibration) of the session's run."""
@@ -156,7 +150,8 @@ class DecodeTab:
         if i is None:
             return None
         tree_fig, head_fig, table = self.step_view(session, i, view)
-        return tree_fig, head_fig, table, self.run_figures(session, i)[0], text_html(run.pieces, i), i
+        return (self.shown_tree(tree_fig, session), head_fig, table, self.run_figures(session, i)[0],
+                text_html(run.text, run.ends, i), i)
 
     def load_run(self, session: Session, run_id: object) -> str:
         try:
@@ -169,9 +164,53 @@ class DecodeTab:
                 run.add(s, s.get("accepted_text", ""))
         except (KeyError, TypeError, IndexError) as e:
             return f"✗ run {summary['id']} is damaged: a step lacks {user_message(e)}"
-        run.pieces = [s.get("accepted_text", "") for s in steps]
         session.run = run
         return f"loaded run {summary['id']}: {run.stats()}"
+
+    def tree_choice_of(self, tree: list | None) -> tuple[str, str | None]:
+        """(tree dropdown value, editor text or None) that give back `tree`: the first named tree with
+        exactly these nodes, else the tree in the editor."""
+        if not tree:
+            return trees.DEFAULT_TREE, None
+        want = [list(p) for p in tree]
+        for name in self.wb.tree_names():
+            if name == EDITOR:
+                continue
+            try:
+                if [list(p) for p in self.wb.resolve_choice(name, None)] == want:
+                    return name, None
+            except (UserError, trees.TreeError, StoreError, OSError, ValueError):
+                continue
+        return EDITOR, json.dumps(want)
+
+    def restored_controls(self, run: RunState) -> dict:
+        """The controls' values that repeat `run` (a loaded run shows its prompt, tree and settings, so
+        Generate runs it again): {prompt, tree, editor (None: leave the editor), mode, accept,
+        temperature, top_p, seed, max_new_tokens}."""
+        st = run.settings
+        tree, editor_text = self.tree_choice_of(st.get("tree"))
+        return {"prompt": st.get("prompt", ""), "tree": tree, "editor": editor_text, "mode": st.get("mode", "medusa"),
+                "accept": st.get("accept", "greedy"), "temperature": st.get("temperature", 0.7),
+                "top_p": st.get("top_p", 1.0), "seed": st.get("seed") or 0,
+                "max_new_tokens": st.get("max_new_tokens", run.tokens)}
+
+    # -- playback: the timer advances the step while the session's `playing` is on -----------------
+    @staticmethod
+    def play(session: Session, label: object) -> tuple[str, bool]:
+        """The play/pause button: (its new label, timer active). The session's flag changes at once, so
+        a tick already in flight when Pause is pressed does nothing."""
+        session.playing = str(label).startswith("▶")
+        return ("⏸ pause" if session.playing else "▶ play"), session.playing
+
+    @staticmethod
+    def tick_step(session: Session, step: object) -> int | None:
+        """The step a timer tick moves to (wrapping at the end), or None: paused, or nothing to play.
+        Ticks never switch the timer on; only `play` does."""
+        run = session.run
+        i = step_index(step, len(run.traces)) if run is not None else None
+        if not session.playing or i is None:
+            return None
+        return (i + 1) % len(run.traces)
 
     def run_choices(self) -> list[tuple[str, str]]:
         out = []
@@ -218,8 +257,8 @@ class DecodeTab:
                 with gr.Row():
                     self.seed = gr.Number(value=0, precision=0, label="seed", minimum=0)
                     self.max_new = gr.Slider(1, max_tokens, value=96, step=1, label="max new tokens")
-        self.out_html = gr.HTML("", html_template="<pre class='out'>${value}</pre>", js_on_load=TEXT_JS,
-                                label="output (colour = decoding step; click a piece to select its step)",
+        self.out_html = gr.HTML("", html_template="<pre class='out'>${value}</pre>", js_on_load=CLICK_JS,
+                                label="output (click anywhere in the text to select the step that wrote it)",
                                 elem_id="out-text")
         with gr.Row():
             self.step = gr.Slider(0, 1, value=0, step=1, label="step", scale=5, elem_id="step-slider")
@@ -272,29 +311,27 @@ class DecodeTab:
                 if "error" in ev:
                     yield (f"✗ {ev['error']}",) + (skip,) * 11
                     return
-                tr, run = ev["trace"], ev.get("run") or session.run
+                run = ev.get("run") or session.run
                 last = max(0, ev["steps"] - 1)
-                tree_fig = figures.step_tree_figure(tr, view) if tr is not None and tr.get("tree") else skip
-                head_fig = skip
-                if tr is not None and run is not None:
-                    head_fig = figures.head_panel(tr, figures.next_tokens(run.traces, last), [tuple(h) for h in run.head_hits])
                 steps = gr.update(maximum=max(1, last), value=last)
-                if not ev["done"]:
-                    yield (ev["stats"], ev["html"], steps, tree_fig, head_fig) + (skip,) * 7
+                if not ev["done"]:  # text, stats and the slider only: figures are for the selected step
+                    yield (ev["stats"], ev["html"], steps) + (skip,) * 9
                     continue
-                _, _, table = self.step_view(session, last, view)
+                tree_fig, head_fig, table = self.step_view(session, last, view)
                 run_fig, heat_fig, calib_fig = self.run_figures(session, last)
-                yield (ev["stats"], ev["html"], steps, tree_fig, head_fig, table, run_fig,
+                tree_fig = self.shown_tree(tree_fig, session)
+                yield (ev["stats"], ev["html"], steps, tree_fig if tree_fig is not None else skip,
+                       head_fig if head_fig is not None else skip, table, run_fig,
                        heat_fig if heat_fig is not None else skip, calib_fig, gr.update(choices=self.run_choices()),
                        gr.update(choices=self.collapse_choices(session), value=[]),
-                       f"saved as run {run.run_id}" if run.run_id else self.runs_note())
+                       f"saved as run {run.run_id}" if run is not None and run.run_id else self.runs_note())
 
         decode_out = [self.stats, self.out_html, self.step, self.tree_plot, self.head_plot, self.node_table,
                       self.run_plot, self.heat_plot, self.calib_plot, self.runs_pick, self.collapse, self.runs_msg]
         page.job(self.run_btn, decode_stream, [self.prompt, self.tree, page.editor, self.mode, self.accept,
                                                self.temperature, self.top_p, self.seed, self.max_new] + view_in,
                  decode_out, begun="⏳ decoding…")
-        page.stop_button(self.stop_btn)
+        page.stop_button(self.stop_btn, self.stats)
 
         select_out = [self.tree_plot, self.head_plot, self.node_table, self.run_plot, self.out_html, self.step]
 
@@ -306,51 +343,59 @@ class DecodeTab:
 
         def clicked_text(prune_v, show, collapsed, evt: gr.EventData, request: gr.Request):
             data = getattr(evt, "_data", None)
-            return select(data.get("step") if isinstance(data, dict) else None, prune_v, show, collapsed, request)
+            run = page.session(request).run
+            step = run.step_at(data.get("offset")) if isinstance(data, dict) and run is not None else None
+            return select(step, prune_v, show, collapsed, request)
 
         self.out_html.click(clicked_text, view_in, select_out, **PRIVATE)
 
         def redraw(s, prune_v, show, collapsed, request: gr.Request):
-            tree_fig, _, _ = self.step_view(page.session(request), s, view_of(prune_v, show, collapsed))
-            return tree_fig if tree_fig is not None else skip
+            session = page.session(request)
+            tree_fig, _, _ = self.step_view(session, s, view_of(prune_v, show, collapsed))
+            return self.shown_tree(tree_fig, session) if tree_fig is not None else skip
 
         for c in view_in:
             c.change(redraw, [self.step] + view_in, self.tree_plot, **PRIVATE)
 
-        def toggle_play(label):
-            playing = str(label).startswith("▶")
-            return gr.update(value="⏸ pause" if playing else "▶ play"), gr.Timer(active=playing)
+        def toggle_play(label, request: gr.Request):
+            label, active = self.play(page.session(request), label)
+            return gr.update(value=label), gr.Timer(active=active)
 
         self.play_btn.click(toggle_play, self.play_btn, [self.play_btn, self.timer], queue=False, **PRIVATE)
 
         def tick(s, prune_v, show, collapsed, request: gr.Request):
-            run = page.session(request).run
-            n = len(run.traces) if run else 0
-            i = step_index(s, n)
-            if i is None:
+            nxt = self.tick_step(page.session(request), s)
+            if nxt is None:  # paused (a tick that was in flight) or nothing to play: stop, never re-arm
                 return (skip,) * 6 + (gr.update(value="▶ play"), gr.Timer(active=False))
-            return select((i + 1) % n, prune_v, show, collapsed, request) + (skip, gr.Timer(active=True))
+            return select(nxt, prune_v, show, collapsed, request) + (skip, skip)
 
         self.timer.tick(tick, [self.step] + view_in, select_out + [self.play_btn, self.timer], **PRIVATE)
+
+        restore_out = [self.prompt, self.tree, page.editor, self.mode, self.accept, self.temperature, self.top_p,
+                       self.seed, self.max_new]
 
         def load_run(run_id, prune_v, show, collapsed, request: gr.Request):
             session = page.session(request)
             msg = self.load_run(session, run_id)
             run = session.run
             if msg.startswith("✗") or run is None:
-                return (msg,) + (skip,) * 11
+                return (msg,) + (skip,) * (11 + len(restore_out))
             last = len(run.traces) - 1
             tree_fig, head_fig, table = self.step_view(session, last, view_of(prune_v, show, collapsed))
+            tree_fig = self.shown_tree(tree_fig, session)
             run_fig, heat_fig, calib_fig = self.run_figures(session, last)
             d = self.wb.store.run_dir(run.run_id)
-            return (msg, text_html(run.pieces), gr.update(maximum=max(1, last), value=last), tree_fig, head_fig, table,
-                    run_fig, heat_fig, calib_fig, [str(d / "trace.jsonl"), str(d / "settings.json")], run.stats(),
-                    gr.update(choices=self.collapse_choices(session), value=[]))
+            c = self.restored_controls(run)
+            controls = (c["prompt"], c["tree"], skip if c["editor"] is None else c["editor"], c["mode"], c["accept"],
+                        c["temperature"], c["top_p"], c["seed"], c["max_new_tokens"])
+            return (msg, text_html(run.text, run.ends, last), gr.update(maximum=max(1, last), value=last), tree_fig,
+                    head_fig, table, run_fig, heat_fig, calib_fig, [str(d / "trace.jsonl"), str(d / "settings.json")],
+                    run.stats(), gr.update(choices=self.collapse_choices(session), value=[])) + controls
 
         self.load_run_btn.click(load_run, [self.runs_pick] + view_in,
                                 [self.runs_msg, self.out_html, self.step, self.tree_plot, self.head_plot, self.node_table,
                                  self.run_plot, self.heat_plot, self.calib_plot, self.run_files, self.stats,
-                                 self.collapse], **PRIVATE)
+                                 self.collapse] + restore_out, **PRIVATE)
 
     def on_load(self) -> tuple:
         """(runs dropdown update, runs note) when a page opens."""

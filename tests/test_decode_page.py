@@ -1,0 +1,118 @@
+"""The Decode tab's page-side behaviour as plain functions (issue 31): the compact text and its clicks,
+the head panel at a selected step, the node table's space marker, playback that Pause stops, a run
+that loads back with its controls, and a second job click that is refused aloud."""
+
+import pytest
+from conftest import tabs_of
+
+import trees
+from engine.loading import DEMO_DIR
+from workbench import figures
+from workbench.core import EDITOR, Workbench
+from workbench.runtext import text_html
+from workbench.session import RunState
+
+
+@pytest.fixture(scope="module")
+def wb(demo_engine, tmp_path_factory):
+    return Workbench(demo_engine, tmp_path_factory.mktemp("decode-page"), DEMO_DIR / "tune_traces.jsonl")
+
+
+@pytest.fixture(scope="module")
+def tabs(wb):
+    return tabs_of(wb)
+
+
+@pytest.fixture(scope="module")
+def session(tabs, wb):
+    s = wb.sessions.get("page")
+    events = list(tabs.decode.decode(s, "def main():\n", "mc_sim_7b_63", "", "medusa", "greedy", 0.7, 1.0, 3, 80))
+    assert events[-1]["done"] and s.run.run_id
+    return s
+
+
+def test_a_character_offset_maps_to_the_step_that_wrote_it(session):
+    run = session.run
+    text, start = run.text, 0
+    for step, piece in enumerate(run.pieces):
+        for k in range(len(piece)):
+            assert run.step_at(start + k) == step, (step, k)
+        start += len(piece)
+    assert run.step_at(len(text)) == len(run.pieces) - 1  # past the end: the last step
+    assert run.step_at(float("nan")) is None and run.step_at("3") is None and RunState({}).step_at(0) is None
+
+
+def test_the_text_is_one_node_with_the_selected_step_marked(session):
+    run = session.run
+    assert text_html("a<b & c", [3, 7]) == "a&lt;b &amp; c"  # nothing selected: escaped text, no element
+    html = text_html(run.text, run.ends, 5)
+    assert html.count("<") == html.count("<mark") + html.count("</mark>") == 2
+    inner = html.split('data-step="5" title="step 5">')[1].split("</mark>")[0]
+    assert inner == __import__("html").escape(run.pieces[5])
+
+
+def test_head_accuracy_counts_only_up_to_the_selected_step(tabs, session):
+    run = session.run
+    assert run.head_hits_until(len(run.traces) - 1) == [tuple(h) for h in run.head_hits]
+    replay = RunState(run.settings)  # what was known when step 3 was decoded
+    for t, p in zip(run.traces[:4], run.pieces[:4]):
+        replay.add(t, p)
+    assert run.head_hits_until(3) == [tuple(h) for h in replay.head_hits]
+    assert sum(t for _, t in run.head_hits_until(3)) < sum(t for _, t in run.head_hits)
+    _, panel, _ = tabs.decode.step_view(session, 3)
+    hits, total = run.head_hits_until(3)[0]
+    assert any(f"top-1 right {hits}/{total} " in a.text for a in panel.layout.annotations)
+
+
+def test_the_node_table_shows_a_space_token_visibly(tabs, session):
+    run = session.run
+    spaced = [(s, n) for s, tr in enumerate(run.traces) for n, t in enumerate(tr.get("node_text") or [])
+              if t and t.strip() == "" and " " in t]
+    if not spaced:
+        pytest.skip("no space token drafted in this run")
+    step, node = spaced[0]
+    _, _, table = tabs.decode.step_view(session, step)
+    cell = table[node][2]
+    assert cell.strip() and " " not in cell and cell == figures.token_label(run.traces[step]["node_text"][node], 40)
+
+
+def test_pause_stops_playback_even_for_a_tick_in_flight(tabs, wb, session):
+    dec = tabs.decode
+    assert dec.tick_step(session, 2) is None  # not playing: a tick moves nothing
+    label, active = dec.play(session, "▶ play")
+    assert active and label.startswith("⏸") and dec.tick_step(session, 2) == 3
+    assert dec.tick_step(session, len(session.run.traces) - 1) == 0  # wraps at the end
+    label, active = dec.play(session, label)  # Pause, while a tick is in flight
+    assert not active and label.startswith("▶")
+    assert dec.tick_step(session, 3) is None  # the tick in flight does nothing, and re-arms nothing
+
+
+def test_a_loaded_run_gives_back_its_prompt_tree_and_settings(tabs, wb, session):
+    other = wb.sessions.get("loader")
+    assert tabs.decode.load_run(other, session.run.run_id).startswith("loaded run")
+    c = tabs.decode.restored_controls(other.run)
+    assert c["prompt"] == "def main():\n" and c["tree"] == "mc_sim_7b_63" and c["editor"] is None
+    assert (c["mode"], c["accept"], c["seed"], c["max_new_tokens"]) == ("medusa", "greedy", 3, 80)
+    assert other.run.text == session.run.text and other.run.ends == session.run.ends
+    odd = [[0], [1], [0, 0], [0, 1], [0, 0, 0]]  # no preset has exactly these nodes
+    tree, editor = tabs.decode.tree_choice_of(odd)
+    assert tree == EDITOR and trees.validate(__import__("json").loads(editor)) == trees.validate(odd)
+
+
+def test_a_second_job_click_while_one_is_pending_is_refused(wb):
+    s = wb.sessions
+    assert s.begin("clicker") is True
+    assert s.begin("clicker") is False  # the page says so (page.BUSY)
+    assert s.begin("someone-else") is True  # per page
+    s.end("clicker")
+    assert s.begin("clicker") is True
+
+
+def test_stop_says_at_once_when_the_job_had_not_started(wb):
+    s = wb.sessions
+    assert s.stop("never-clicked") == "idle"
+    s.begin("queued-page")
+    assert s.stop("queued-page") == "queued"  # the page shows page.STOPPED_QUEUED without waiting for the queue
+    with s.job(s.get("queued-page")):
+        assert s.stop("queued-page") == "running"
+    s.end("queued-page")
