@@ -12,6 +12,7 @@ import pytest
 
 from workbench.browser import choose as browser_choose
 from workbench.browser import have_chromium, launch, open_page, set_number
+from workbench.core import MODEL_TREE
 
 pw = pytest.importorskip("playwright.sync_api")
 pytestmark = pytest.mark.skipif(not have_chromium(), reason="Debian chromium is not installed")
@@ -181,7 +182,7 @@ def test_decode_text_is_light_a_click_selects_its_step_the_wheel_zooms_and_pause
     pg.wait_for_selector("text=loaded run", timeout=30_000)
     pg.wait_for_timeout(500)
     assert prompt.input_value() == "def read_config(path):"
-    assert pg.get_by_label("tree", exact=True).first.input_value() == "demo_tuned"
+    assert pg.get_by_label("tree", exact=True).first.input_value() == MODEL_TREE  # the run's tree: the model's default
     pg.screenshot(path=str(ART / "decode.png"), full_page=True)
     pg.context.close()
 

@@ -61,13 +61,13 @@ class DecodeTab:
             if session.stop.is_set():  # Stop was pressed before this run left the queue
                 yield {"error": "stopped by user before the run started"}
                 return
-            settings = {"prompt": prompt, "mode": cfg.mode, "tree": tree, "accept": cfg.accept,
-                        "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed,
-                        "max_new_tokens": cfg.max_new_tokens, "model": self.wb.model_of(session),
-                        "chat": engine.resolved(cfg).chat,
-                        "prompt_sha256": prompt_hash(engine.encode(prompt, chat=engine.resolved(cfg).chat))}
-            run = session.run = RunState(settings)
             try:
+                chat = engine.resolved(cfg).chat
+                settings = {"prompt": prompt, "mode": cfg.mode, "tree": tree, "accept": cfg.accept,
+                            "temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed,
+                            "max_new_tokens": cfg.max_new_tokens, "model": self.wb.model_of(session), "chat": chat,
+                            "prompt_sha256": prompt_hash(engine.encode(prompt, chat=chat))}
+                run = session.run = RunState(settings)
                 yield from self._steps(engine, session, run, prompt, cfg)
             except (GenerationError, trees.TreeError) as e:
                 yield {"error": user_message(e)}
@@ -81,8 +81,9 @@ class DecodeTab:
                     run.run_id = self.wb.store.save_run(settings, run.traces, "".join(run.pieces), run.finish)
                 except StoreError as e:
                     run.save_error = user_message(e)
-            yield {"html": text_html(run.text, run.ends), "stats": run.stats(), "steps": len(run.traces),
-                   "trace": run.traces[-1] if run.traces else None, "done": True, "run": run}
+            final = {"html": text_html(run.text, run.ends), "stats": run.stats(), "steps": len(run.traces),
+                     "trace": run.traces[-1] if run.traces else None, "done": True, "run": run}
+        yield final  # after the job has ended: a Generate pressed as soon as the page shows the end is a new job
 
     def _steps(self, engine: Engine, session: Session, run: RunState, prompt: str, cfg) -> Iterator[dict]:
         t0 = time.perf_counter()
