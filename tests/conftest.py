@@ -172,3 +172,18 @@ def tabs_of(wb):
     t = SimpleNamespace(decode=DecodeTab(wb), editor=EditorTab(wb), tune=TuneTab(wb), compare=CompareTab(wb))
     t.api = Api(t.decode, t.editor, t.tune)
     return t
+
+
+@pytest.fixture(scope="module")
+def wb(demo_engine, tmp_path_factory, request):
+    """A workbench over the demo engine with its own data folder, one per test module."""
+    from engine.loading import DEMO_DIR
+    from workbench.core import Workbench
+
+    return Workbench(demo_engine, tmp_path_factory.mktemp(request.module.__name__), DEMO_DIR / "tune_traces.jsonl")
+
+
+@pytest.fixture(scope="module")
+def tabs(wb):
+    """Every tab and the named API over the module's workbench."""
+    return tabs_of(wb)

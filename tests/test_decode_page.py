@@ -3,24 +3,12 @@ the head panel at a selected step, the node table's space marker, playback that 
 that loads back with its controls, and a second job click that is refused aloud."""
 
 import pytest
-from conftest import tabs_of
 
 import trees
-from engine.loading import DEMO_DIR
 from workbench import figures
-from workbench.core import EDITOR, Workbench
+from workbench.core import EDITOR
 from workbench.runtext import text_html
 from workbench.session import RunState
-
-
-@pytest.fixture(scope="module")
-def wb(demo_engine, tmp_path_factory):
-    return Workbench(demo_engine, tmp_path_factory.mktemp("decode-page"), DEMO_DIR / "tune_traces.jsonl")
-
-
-@pytest.fixture(scope="module")
-def tabs(wb):
-    return tabs_of(wb)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from conftest import make_hf_model, random_heads_sd, tabs_of
+from conftest import make_hf_model, random_heads_sd
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
@@ -19,7 +19,7 @@ import engine
 import trees
 from engine import GenerationError, ModelLoadError
 from engine.loading import DEMO_DIR
-from workbench.core import EDITOR, Workbench
+from workbench.core import EDITOR
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 json_values = st.recursive(
@@ -29,16 +29,6 @@ json_values = st.recursive(
 )
 DEEP = "[" * 200_000 + "]" * 200_000
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def wb(demo_engine, tmp_path_factory):
-    return Workbench(demo_engine, tmp_path_factory.mktemp("reliability"), DEMO_DIR / "tune_traces.jsonl")
-
-
-@pytest.fixture(scope="module")
-def tabs(wb):
-    return tabs_of(wb)
 
 
 # -- the bad-input corpus over every command line ----------------------------------------------------
@@ -206,7 +196,7 @@ def bad_cases(d):
             ["eval-heads", "--model", m, "--data", str(d / "fifo.npy"), "--device", "cpu"],
             ["generate", "--model", m, "--heads", str(d / "fifo.safetensors"), "--prompt-ids", "1,2", "--device", "cpu"],
             ["convert-heads", str(d / "model"), "--to", "safetensors", "--out", str(d / "fifo_out.safetensors")])],
-        ("trees", ["stats", ROOT + "/models/demo/tune_traces.jsonl", "--samples", str(10**9)], "resamples are 0..100000"),
+        ("trees", ["stats", ROOT + "/models/demo/tune_traces.jsonl", "--samples", str(10**9)], "bootstrap resamples 0..100000"),
         ("trees", ["optimize", "--traces", ROOT + "/models/demo/tune_traces.jsonl", "--latency", str(d / "latency_inf.json"),
                    "--out", str(d / "o.json")], "step_ms a number in"),
         ("trees", ["experiment", "--medusa-tune", str(d / "medusa_short_prob.jsonl"), "--tree", "[[0], [1], [0, 0]]"],

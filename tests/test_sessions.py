@@ -13,23 +13,12 @@ from pathlib import Path
 import pytest
 from conftest import tabs_of
 
-from engine.loading import DEMO_DIR
 from engine.prompts import Prompt
 from workbench import exports, figures
 from workbench.core import Workbench
 from workbench.session import MAX_RUNS_IN_MEMORY, MAX_SESSIONS, RunState
 from workbench.store import MAX_DOWNLOADS
 from workbench.tabs.decode import TABLE_HEADERS
-
-
-@pytest.fixture(scope="module")
-def wb(demo_engine, tmp_path_factory):
-    return Workbench(demo_engine, tmp_path_factory.mktemp("sessions"), DEMO_DIR / "tune_traces.jsonl")
-
-
-@pytest.fixture(scope="module")
-def tabs(wb):
-    return tabs_of(wb)
 
 
 def wait_for(condition, what: str, limit_s: float = 120):

@@ -10,24 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import tabs_of
 
 import trees
-from engine.loading import DEMO_DIR
 from workbench import figures
-from workbench.core import EDITOR, Workbench
+from workbench.core import EDITOR
 from workbench.layout import Box, place_labels, tidy_layout, tree_graph
 from workbench.session import RunState, UserError
-
-
-@pytest.fixture(scope="module")
-def wb(demo_engine, tmp_path_factory):
-    return Workbench(demo_engine, tmp_path_factory.mktemp("wbdata"), DEMO_DIR / "tune_traces.jsonl")
-
-
-@pytest.fixture(scope="module")
-def tabs(wb):
-    return tabs_of(wb)
 
 
 @pytest.fixture(scope="module")

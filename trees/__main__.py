@@ -58,34 +58,23 @@ def draw(choices: list[list[int]]) -> str:
     return "\n".join(lines)
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
+def _argument(parse, ok, want: str):
+    """An argparse type: `parse` the text, then `ok` must hold; `want` names what is expected."""
+    def read(text: str):
+        try:
+            v = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text}")
+        return v
+
+    return read
 
 
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
-    return v
-
-
-def _samples(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 0 <= v <= MAX_BOOTSTRAP:
-        raise argparse.ArgumentTypeError(f"bootstrap resamples are 0..{MAX_BOOTSTRAP}, got {v}")
-    return v
+_positive = _argument(int, lambda v: v >= 1, "a positive integer")
+_seconds = _argument(float, lambda v: math.isfinite(v) and v > 0, "a positive number of seconds")
+_samples = _argument(int, lambda v: 0 <= v <= MAX_BOOTSTRAP, f"bootstrap resamples 0..{MAX_BOOTSTRAP}")
 
 
 def _sizes(text: str) -> list[int]:
