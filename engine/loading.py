@@ -34,6 +34,11 @@ def cache_root() -> Path:
     return Path(os.environ.get("MEDUSA_WORKBENCH_CACHE") or Path.home() / ".cache" / "medusa-workbench").expanduser()
 
 
+def data_dir() -> Path:
+    """Where `fetch` puts prompt files (MT-Bench, ShareGPT) for the CLI and the workbench."""
+    return cache_root() / "data"
+
+
 @dataclass(frozen=True)
 class NamedModel:
     """A model users name instead of a path: the base model's folder, and the heads (and default

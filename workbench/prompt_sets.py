@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.fetch import data_dir
+from engine.loading import data_dir
 from engine.prompts import Prompt, read_prompts
 
 from .session import UserError
