@@ -286,7 +286,7 @@ def train_heads(
                 state["tokens"] += int((labels[0] != IGNORE).sum())
                 if time.time() - last_log >= 10 or state["step"] == 1:
                     acc = (top1 / (labels != IGNORE).sum(-1).clamp(min=1)).tolist()
-                    left = state["train_s"] * (1 - progress()) / max(progress(), 1e-9)
+                    left = max(0.0, state["train_s"] * (1 - progress()) / max(progress(), 1e-9))
                     log(f"train-heads: step {state['step']}{'/' + str(total_steps) if total_steps else ''} epoch "
                         f"{state['epoch']} ({state['in_epoch']}/{len(order)}) loss {loss:.3f} [{' '.join(f'{v:.2f}' for v in per_head)}] "
                         f"top-1 [{' '.join(f'{v:.2f}' for v in acc)}] lr {opt.param_groups[0]['lr']:.2e} "
