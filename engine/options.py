@@ -85,8 +85,9 @@ def add_prompt_set_arguments(p: argparse.ArgumentParser, count: int = 12, offset
     p.add_argument("--prompts", type=nonneg_int, default=None,
                    help=f"how many prompts: the first N of --prompts-file (default: all), or N bundled held-out "
                         f"prompts (default {count})")
-    p.set_defaults(default_prompts=count)
-    p.add_argument("--offset", type=nonneg_int, default=offset, help="skip this many prompts first")
+    p.set_defaults(default_prompts=count, default_offset=offset)
+    p.add_argument("--offset", type=nonneg_int, default=None,
+                   help=f"skip this many prompts first (default: none of --prompts-file, {offset} of the bundled ones)")
 
 
 def output_path(path: str) -> str:

@@ -130,11 +130,15 @@ def jsonl_by_name(path: str | os.PathLike) -> bool | None:
     return True if suffix in (".jsonl", ".json") else False if suffix in (".txt", ".md") else None
 
 
-def prompt_set(prompts_file: str | None, count: int | None, offset: int = 0, default: int = 12) -> list[Prompt]:
-    """A command's prompts: the file's (all of them unless `count` caps them, after `offset`), else
-    `count` (or `default`) bundled held-out prompts after `offset`."""
+def prompt_set(prompts_file: str | None, count: int | None, offset: int | None = None, default: int = 12,
+               default_offset: int = 0) -> list[Prompt]:
+    """A command's prompts: the file's (all of them unless `count` caps them, after `offset`, default
+    none), else `count` (or `default`) bundled held-out prompts after `offset` (default
+    `default_offset`: bench skips the bundled prompts that tuning uses, never a file's own)."""
     if count is None:
         count = 0 if prompts_file else default
+    if offset is None:
+        offset = 0 if prompts_file else default_offset
     if isinstance(count, bool) or not isinstance(count, int) or count < 0 or offset < 0:
         raise PromptFileError(f"--prompts must be >= 0 and --offset >= 0, got {count} and {offset}")
     if prompts_file:

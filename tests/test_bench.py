@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from engine.bench.common import round_robin, warm_up
 
@@ -64,3 +65,31 @@ def test_round_robin_interleaves_modes_within_each_prompt():
     res = round_robin({"x": runner("x"), "y": runner("y")}, [1, 2], rounds=2)
     assert order == [("x", 1), ("y", 1), ("x", 2), ("y", 2)] * 2
     assert res["x"]["tokens"] == 12 and res["x"]["steps"] == 8 and res["x"]["outputs"] == [[1] * 3, [2] * 3]
+
+
+def test_a_medusa_output_that_leaves_ar_is_judged_at_its_first_difference(tmp_path):
+    """bf16 divergences of greedy Medusa from AR are judged by a float32 transformers run: here the
+    'Medusa' output takes a token the float32 model ranks below AR's, so the judge must place the
+    difference at that position, prefer AR's token and not call it a near-tie (the margin is large)."""
+    from conftest import make_hf_model
+
+    import engine
+    from engine.bench.e2e import judge_medusa_divergences
+
+    hf = make_hf_model(tmp_path / "m")
+    eng = engine.load(str(tmp_path / "m"), heads=False, device="cpu", dtype="float32")
+    prompts = [[5, 9, 14, 3], [7, 7, 21]]
+    ar = [eng.generate(p, 8, mode="ar", stop_on_eos=False).token_ids for p in prompts]
+    with torch.inference_mode():
+        logits = hf(torch.tensor([prompts[1] + ar[1][:3]])).logits
+    worst = int(logits[0, -1].argmin())  # the float32 model's least likely token after AR's first 3
+    bent = ar[1][:3] + [worst] + ar[1][4:]
+    res = {"ar": {"outputs": ar}, "medusa:same": {"outputs": ar}, "medusa:bent": {"outputs": [ar[0], bent]}}
+    out = {"medusa": {"same": {}, "bent": {}}}
+    judge_medusa_divergences(eng, prompts, res, ["same", "bent"], out)
+    same, bent_row = out["medusa"]["same"]["divergences_vs_ar"], out["medusa"]["bent"]["divergences_vs_ar"]
+    assert same["identical"] == 2 and same["per_prompt"] == []
+    assert bent_row["identical"] == 1 and bent_row["divergences_not_near_tie"] == 1
+    (row,) = bent_row["per_prompt"]
+    assert row["prompt"] == 1 and row["first_difference"] == 3
+    assert (row["ours"], row["theirs"], row["fp32_prefers"], row["near_tie"]) == (worst, ar[1][3], "theirs", False)

@@ -169,3 +169,26 @@ def test_smollm2_loads_with_its_shipped_heads_chat_and_tree():
     med = eng.generate(ids, 24)
     ar = eng.generate(ids, 24, mode="ar")
     assert med.mode == "medusa" and med.token_ids == ar.token_ids  # greedy Medusa is lossless
+
+
+def test_bench_reads_a_prompt_file_from_its_first_prompt(tmp_path):
+    """bench skips the 12 bundled prompts that tuning uses (its --offset default), but a --prompts-file
+    is the user's own set: all of it counts, from the first (MT-Bench's 80, not its last 68)."""
+    import argparse
+
+    from engine.options import add_prompt_set_arguments
+    from engine.prompts import prompt_set
+
+    f = tmp_path / "q.jsonl"
+    f.write_text("".join(json.dumps({"turns": [f"question {i}", "a second turn"]}) + "\n" for i in range(20)))
+    p = argparse.ArgumentParser()
+    add_prompt_set_arguments(p, count=12, offset=12)
+    a = p.parse_args(["--prompts-file", str(f)])
+    got = prompt_set(a.prompts_file, a.prompts, a.offset, a.default_prompts, a.default_offset)
+    assert [q.text for q in got] == [f"question {i}" for i in range(20)]
+    a = p.parse_args(["--prompts-file", str(f), "--offset", "5", "--prompts", "3"])
+    assert [q.text for q in prompt_set(a.prompts_file, a.prompts, a.offset, a.default_prompts, a.default_offset)] == \
+        ["question 5", "question 6", "question 7"]
+    a = p.parse_args([])
+    bundled = prompt_set(a.prompts_file, a.prompts, a.offset, a.default_prompts, a.default_offset)
+    assert len(bundled) == 12 and bundled[0].id == 12  # the bundled prompts after the tuning ones

@@ -96,7 +96,7 @@ def run_bench(a) -> int:
         torch.set_num_threads(a.threads)
     cfg = config_from_arguments(a)
     eng = load_from_arguments(a)
-    texts = [p.text for p in prompt_set(a.prompts_file, a.prompts, a.offset, a.default_prompts)]
+    texts = [p.text for p in prompt_set(a.prompts_file, a.prompts, a.offset, a.default_prompts, a.default_offset)]
     prompts, cut = fit_prompts(eng, texts, cfg.max_new_tokens, eng.resolved(cfg).chat)
     result = {"part": a.part, "model": a.model, **env(eng), "prompts": len(prompts), "prompts_cut_to_fit": cut,
               "prompts_file": a.prompts_file, "max_new_tokens": cfg.max_new_tokens, "stop_on_eos": cfg.stop_on_eos,

@@ -71,6 +71,28 @@ def summarise(res: dict[str, dict], eng, tree_names: list[str], greedy: bool = T
     return out
 
 
+def judge_medusa_divergences(eng, prompts: list[list[int]], res: dict, tree_names: list[str], out: dict) -> None:
+    """Greedy Medusa must equal greedy AR. In float32 it does; in bf16 the tree step's kernels (other
+    shapes, other summation orders) can flip a near-tied argmax. Each prompt whose Medusa output differs
+    from AR's is judged at its first difference by a float32 `transformers` run (bench/parity.py): a
+    margin of a few ulps is rounding, a larger one a bug. Adds `divergences_vs_ar` to each tree's row
+    ("ours" is Medusa's token, "theirs" AR's)."""
+    from .parity import divergence_summary, fp32_reference, judge_difference
+
+    ar = res["ar"]["outputs"]
+    if all(res[f"medusa:{n}"]["outputs"] == ar for n in tree_names):
+        return
+    judge = fp32_reference(eng)
+    dtype = eng.model.embed_tokens.weight.dtype
+    for name in tree_names:
+        rows = []
+        for n, (ids, med, ref) in enumerate(zip(prompts, res[f"medusa:{name}"]["outputs"], ar)):
+            judged = judge_difference(judge, ids, med, ref, dtype)
+            rows.append({"prompt": n, "identical": not judged, **judged})
+        out["medusa"][name]["divergences_vs_ar"] = {**divergence_summary(rows),
+                                                    "per_prompt": [r for r in rows if not r["identical"]]}
+
+
 def run_e2e(eng, prompts: list[list[int]], cfg: GenerationConfig, tree_names: list[str], rounds: int,
             with_transformers: bool = True, traced: bool = False) -> dict:
     ar_cfg = cfg.replace(mode="ar")
@@ -86,6 +108,8 @@ def run_e2e(eng, prompts: list[list[int]], cfg: GenerationConfig, tree_names: li
     warm_up(runners, prompts)
     res = round_robin(runners, prompts, rounds, device_sync(eng))
     out = {"rounds": rounds, **summarise(res, eng, tree_names, cfg.accept == "greedy")}
+    if cfg.accept == "greedy":
+        judge_medusa_divergences(eng, prompts, res, tree_names, out)
     ratios = [distinct_ngram_ratio(o, 4) for o in res["ar"]["outputs"] if len(o) >= 4]
     out["ar"]["distinct_4gram_ratio"] = round(sum(ratios) / len(ratios), 3) if ratios else None
     return out
