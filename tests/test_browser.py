@@ -187,8 +187,6 @@ def test_decode_text_is_light_a_click_selects_its_step_the_wheel_zooms_and_pause
     pg.context.close()
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed: the figure sets uirevision, yet the next step's drawing resets "
-                   "the zoom (Gradio's Plotly.react path; cause not found)")
 def test_the_zoom_stays_when_another_step_is_selected(browser, app_url):
     pg = open_page(browser, app_url)
     set_number(pg, "max new tokens", 96)
