@@ -187,8 +187,6 @@ def test_decode_text_is_light_a_click_selects_its_step_the_wheel_zooms_and_pause
     pg.context.close()
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed: the figure sets uirevision, yet the next step's drawing resets "
-                   "the zoom (Gradio's Plotly.react path; cause not found)")
 def test_the_zoom_stays_when_another_step_is_selected(browser, app_url):
     pg = open_page(browser, app_url)
     set_number(pg, "max new tokens", 96)
@@ -217,9 +215,6 @@ def test_a_second_generate_while_one_runs_says_so(browser, app_url):
     pg.context.close()
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed: each Plotly plot's first redraw after a run leaves its old DOM "
-                   "referenced (about 3,500 detached nodes and 600 listeners a run+click cycle; runs alone and "
-                   "clicks alone stay flat)")
 def test_dom_stays_flat_across_runs(browser, app_url):
     """Three runs with a step selected after each: the page's DOM nodes and listeners (detached ones
     included, after a garbage collection) do not grow from the first run to the third."""
@@ -239,7 +234,9 @@ def test_dom_stays_flat_across_runs(browser, app_url):
         counts.append(dom_counts(pg, cdp))
     assert counts[2]["nodes"] - counts[0]["nodes"] <= 300, counts  # before: +20,000 a run
     assert counts[2]["listeners"] - counts[0]["listeners"] <= 50, counts
-    assert counts[2]["detached"] <= 1000, counts
+    # a fresh page already holds about 900 nodes outside the document (the frameworks' cached templates
+    # and fragments), about 1,250 once the plots are drawn: what must not happen is their growth
+    assert counts[2]["detached"] - counts[0]["detached"] <= 300, counts
     pg.context.close()
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.accept import RULES
 from workbench.browser import have_chromium, launch, open_page, set_number
 from workbench.exports import LAYOUT_PX, PRINT_DPI, PRINT_INCHES
 
@@ -154,3 +155,33 @@ def test_tune_step_times_download(page):
     page.wait_for_function("document.querySelector('#lat-msg').innerText.includes('confidence')", timeout=240_000)
     data = check_table(page, "step_times", "nodes")
     assert [r["nodes"] for r in data][0] in ("AR", 0)
+
+
+def test_the_tree_editors_figure_exports(page):
+    page.get_by_role("tab", name="Tree editor").click()
+    page.locator("#editor-plot .js-plotly-plot").wait_for(timeout=60_000)
+    check_figures(page, "editor", ["editor_tree"])
+
+
+def test_tunes_figures_export_after_collecting_and_choosing_the_size(page):
+    """Head accuracy (after Collect) and the E(n)/t(n) curve (after an optimisation that chose the size
+    by the step times measured in test_tune_step_times_download)."""
+    page.get_by_role("tab", name="Tune").click()
+    set_number(page, "prompts", 2)
+    set_number(page, "tokens per prompt", 16)
+    page.get_by_role("button", name="Collect AR traces").click()
+    page.wait_for_function("document.querySelector('#collect-msg').innerText.includes('collected')", timeout=240_000)
+    page.get_by_label("choose the size by E(n)/t(n)").check()
+    page.get_by_role("button", name="Optimise → editor").click()
+    page.locator("#tune-size-plot .js-plotly-plot").wait_for(timeout=120_000)
+    check_figures(page, "tune", ["head_accuracy", "tree_size"])
+
+
+def test_the_rules_table_downloads(page):
+    page.get_by_role("tab", name="Compare").click()
+    set_number(page, "prompts", 1)
+    set_number(page, "samples per prompt and rule", 4)
+    page.get_by_role("button", name="Compare acceptance rules").click()
+    page.wait_for_function("document.querySelector('#rules-msg').innerText.includes('samples')", timeout=240_000)
+    data = check_table(page, "rules", "rule")
+    assert set(RULES) | {"AR vs AR"} == {r["rule"] for r in data}

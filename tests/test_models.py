@@ -4,6 +4,7 @@ the cache takes any loader, and the prompt sets are files in a temporary cache f
 import pytest
 
 from engine import ModelLoadError
+from engine.loading import NAMED_MODELS
 from workbench.models import Engines, model_choices
 from workbench.prompt_sets import named_prompt_set
 from workbench.session import UserError
@@ -94,12 +95,55 @@ def test_choosing_a_model_without_heads_sets_ar_and_says_so(demo_engine, tmp_pat
     from workbench.models import AR_ONLY
     from workbench.session import Session
 
-    plain = tmp_path / "plain"
+    plain = tmp_path / "plain"  # the app was started on it, so the selector offers it
     make_hf_model(plain, "llama")
-    wb = Workbench(demo_engine, tmp_path / "data", model="demo",
-                   loader=lambda name: engine.load(plain if name == "plain" else name, device="cpu"))
+    wb = Workbench(engine.load(plain, device="cpu"), tmp_path / "data", model=str(plain),
+                   loader=lambda name: demo_engine if name == "demo" else engine.load(name, device="cpu"))
     bar, session = ModelBar(wb), Session("s1")
-    header, _, mode = bar.select(session, "plain")
+    header, _, mode = bar.select(session, str(plain))
     assert mode == "ar" and AR_ONLY in header and bar.on_load(session)[3] == "ar"
     header, _, mode = bar.select(session, "demo")
     assert mode == "medusa" and AR_ONLY not in header
+
+
+def test_the_api_decodes_with_the_model_it_names(demo_engine, tmp_path):
+    """An API client never sees the page's model selector: /generate's `model` picks a model the app
+    offers, and the client stays on it; a name the app does not offer is one line naming the choices."""
+    from conftest import tabs_of
+
+    import engine
+    from engine.loading import DEMO_DIR
+    from workbench.core import Workbench
+    from workbench.session import Session
+
+    plain = tmp_path / "plain"  # the demo's base model without its heads: the app starts on it
+    plain.mkdir()
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (plain / f).symlink_to(DEMO_DIR / f)
+    wb = Workbench(engine.load(plain, device="cpu"), tmp_path / "data", model=str(plain),
+                   loader=lambda name: demo_engine if name == "demo" else engine.load(name, device="cpu"))
+    api, session, prompt = tabs_of(wb).api, Session("api-client"), "def read_config(path):"
+    assert "error" in api.generate(session, prompt, "demo_tuned", "medusa", max_new_tokens=16)  # no heads to draft
+    out = api.generate(session, prompt, "demo_tuned", "medusa", max_new_tokens=16, model="demo")
+    assert out["token_ids"] == demo_engine.generate(prompt, 16, mode="medusa", tree="demo_tuned").token_ids
+    assert out["mean_accepted"] > 1 and wb.store.load_run(out["run_id"])[0]["settings"]["model"] == "demo"
+    assert api.generate(session, prompt, "demo_tuned", "medusa", max_new_tokens=16)["token_ids"] == out["token_ids"]
+    assert api.generate(session, prompt, model="gpt-5") == {
+        "error": f"unknown model 'gpt-5': this app offers {plain}, demo, smollm2"}
+    assert wb.model_of(session) == "demo"  # a refused name leaves the client on its model
+
+
+@pytest.mark.skipif(not (NAMED_MODELS["smollm2"].base_dir / "config.json").exists(),
+                    reason="SmolLM2 is not imported here: `python -m engine fetch smollm2`")
+def test_the_api_decodes_with_smollm2_when_it_is_here(demo_engine, tmp_path):
+    from conftest import tabs_of
+
+    import engine
+    from workbench.core import Workbench
+    from workbench.session import Session
+
+    wb = Workbench(demo_engine, tmp_path / "data", model="demo", loader=lambda name: engine.load(name, device="cpu"))
+    out = tabs_of(wb).api.generate(Session("api-client"), "Name a colour.", mode="ar", max_new_tokens=8,
+                                   model="smollm2")
+    assert out["token_ids"] == wb.engines.get("smollm2").generate("Name a colour.", 8, mode="ar").token_ids
+    assert wb.store.load_run(out["run_id"])[0]["settings"]["model"] == "smollm2"

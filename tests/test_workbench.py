@@ -322,6 +322,8 @@ def test_app_over_gradio_client_with_defaults(wb):
         s2 = client.predict("import os\n", "demo_tuned", "ar", "sample", 1.0, 1.0, 2, 24, api_name="/generate")
         assert s1["token_ids"] != s2["token_ids"]  # the seed reaches the sampler
         assert client.predict("", api_name="/generate") == {"error": "the prompt is empty"}
+        assert client.predict("import os\n", model="gpt-5", api_name="/generate")["error"].startswith(
+            "unknown model 'gpt-5': this app offers demo")
     finally:
         app.close()
 

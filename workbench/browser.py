@@ -32,8 +32,10 @@ def open_page(browser, url: str, init_script: str | None = None, timeout_ms: int
 
 
 def number_box(pg, label_part: str):
-    """The number input whose label contains `label_part`."""
-    labels = pg.eval_on_selector_all("input[type=number]", "els => els.map(e => e.getAttribute('aria-label'))")
+    """The shown number input whose label contains `label_part` (tabs visited earlier stay in the page,
+    hidden, and two tabs may have a control of the same name)."""
+    labels = pg.eval_on_selector_all("input[type=number]",
+                                     "els => els.map(e => e.checkVisibility() ? e.getAttribute('aria-label') : null)")
     return pg.locator("input[type=number]").nth(next(i for i, a in enumerate(labels) if a and label_part in a))
 
 

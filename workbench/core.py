@@ -19,7 +19,7 @@ import trees
 from engine import Engine, GenerationConfig, GenerationError
 from engine.prompts import Prompt, PromptFileError, heldout_prompts, parse_prompts, read_prompts
 
-from .models import Engines
+from .models import Engines, model_choices
 from .prompt_sets import named_prompt_set
 from .session import Session, Sessions, UserError, finite_number, user_message, whole_number
 from .store import Store, StoreError
@@ -93,6 +93,18 @@ class Workbench:
     def engine_of(self, session: Session | None) -> Engine:
         """The engine of the session's model, loaded on first use (UserError when it cannot be)."""
         return self.engines.get(self.model_of(session))
+
+    def choose_model(self, session: Session, name: object) -> Engine:
+        """Switch `session` to the model `name`, loaded now: what the page's model selector and the API's
+        `model` argument do. A name the app does not offer (its selector's choices) or a model that cannot
+        load is a one-line UserError, and the session stays on its model."""
+        offered = model_choices(self.model)
+        name = str(name or "").strip()
+        if name not in offered:
+            raise UserError(f"unknown model {name!r}: this app offers {', '.join(offered)}")
+        engine = self.engines.get(name)
+        session.model, session.chat = name, None
+        return engine
 
     @contextmanager
     def job(self, session: Session) -> Iterator[Engine]:

@@ -24,10 +24,9 @@ class ModelBar:
         them). A model without heads decodes AR by default (as the CLI does) and its header says so. A
         model that cannot load (smollm2 not fetched yet, a bad folder) leaves the session where it was."""
         try:
-            engine = self.wb.engines.get(str(name or ""))
+            engine = self.wb.choose_model(session, name)
         except UserError as e:
             return f"✗ {e}\n\n{self.header(session)}", None, None
-        session.model, session.chat = str(name), None
         return describe(engine), engine.has_chat_template, default_mode(engine)
 
     def header(self, session: Session) -> str:

@@ -206,7 +206,7 @@ class CompareTab:
             self.rules_btn = gr.Button("Compare acceptance rules")
         self.rules_table = gr.Dataframe(headers=RULES_HEADERS, interactive=False)
         page.table_downloads(self.rules_table, RULES_HEADERS, "rules")
-        self.rules_msg = gr.Markdown()
+        self.rules_msg = gr.Markdown(elem_id="rules-msg")
         gr.Markdown("**Static vs dynamic trees** at equal node counts, replayed on this session's AR traces (Tune → "
                     "Collect): the static tree is the replay optimum; a dynamic tree is drafted each step from the "
                     "heads' probabilities (product = EAGLE-2's rule; calibrated = fitted on the traces).")

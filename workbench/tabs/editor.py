@@ -160,6 +160,7 @@ class EditorTab:
                 self.diff_out = gr.Markdown()
             with gr.Column(scale=3):
                 self.plot = gr.Plot(show_label=False, elem_id="editor-plot")
+                page.figure_exports({"editor_tree": self.plot}, "editor")
 
     def wire(self, page: Page) -> None:
         def validate(text, request: gr.Request):

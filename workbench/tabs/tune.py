@@ -232,7 +232,7 @@ class TuneTab:
         with gr.Row():
             self.collect_btn = gr.Button("Collect AR traces", variant="primary")
             self.stop_btn = gr.Button("Stop", variant="stop")
-        self.collect_msg = gr.Markdown()
+        self.collect_msg = gr.Markdown(elem_id="collect-msg")
         with gr.Row():
             self.pool_pick = gr.Dropdown([], label="saved trace pools")
             self.pool_btn = gr.Button("Use pool")
@@ -252,7 +252,8 @@ class TuneTab:
             self.opt_latency = gr.Checkbox(False, label="choose the size by E(n)/t(n)")
             self.opt_btn = gr.Button("Optimise → editor", variant="primary")
         self.opt_msg = gr.Markdown()
-        self.size_plot = gr.Plot(show_label=False, visible=False)
+        self.size_plot = gr.Plot(show_label=False, visible=False, elem_id="tune-size-plot")
+        page.figure_exports({"head_accuracy": self.acc_plot, "tree_size": self.size_plot}, "tune")
         self.confirm_btn = gr.Button("Confirm the editor's tree (real run on these prompts)")
         self.confirm_msg = gr.Markdown()
 
