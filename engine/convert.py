@@ -69,8 +69,8 @@ def inspect(path: str | Path, model: str | Path | None = None) -> dict:
                                 "medusa_num_layers": folder.num_layers, "base_model_name_or_path": folder.base,
                                 "base_here": None}
         try:
-            info["heads_folder"]["base_here"] = str(folder.base_dir())
-            base_dir = Path(info["heads_folder"]["base_here"])
+            base_dir = folder.base_dir()
+            info["heads_folder"]["base_here"] = str(base_dir)
         except ModelLoadError as e:
             info["note"] = str(e)
     elif p.is_dir() and (p / "config.json").exists():

@@ -232,13 +232,18 @@ class Engine:
             fields["max_new_tokens"] = max_new_tokens
         return self.resolved((cfg.replace(**fields) if fields else cfg).validate())
 
+    @property
+    def default_mode(self) -> str:
+        """The mode a call that names none decodes in: Medusa with heads, else AR."""
+        return "medusa" if self.heads is not None else "ar"
+
     def resolved(self, cfg: GenerationConfig) -> GenerationConfig:
         """The config with this engine's defaults filled in: mode None decodes with the heads when
         there are any (else AR), chat None uses the chat template when the tokenizer has one (instruct
         models: their answers follow the template's turns)."""
         changes = {}
         if cfg.mode is None:
-            changes["mode"] = "medusa" if self.heads is not None else "ar"
+            changes["mode"] = self.default_mode
         if cfg.chat is None:
             changes["chat"] = self.has_chat_template
         return cfg.replace(**changes) if changes else cfg

@@ -27,7 +27,7 @@ class ModelBar:
             engine = self.wb.choose_model(session, name)
         except UserError as e:
             return f"✗ {e}\n\n{self.header(session)}", None, None
-        return describe(engine), engine.has_chat_template, default_mode(engine)
+        return describe(engine), engine.has_chat_template, engine.default_mode
 
     def header(self, session: Session) -> str:
         try:
@@ -69,12 +69,7 @@ class ModelBar:
     def on_load(self, session: Session) -> tuple:
         """(selector, chat toggle, header, decoding mode) for a page that opens in `session`."""
         try:
-            mode = default_mode(self.wb.engine_of(session))
+            mode = self.wb.engine_of(session).default_mode
         except UserError:
             mode = "ar"
         return self.wb.model_of(session), self.chat_default(session), self.header(session), mode
-
-
-def default_mode(engine) -> str:
-    """Medusa where there are heads, else AR (Engine.resolved's rule for mode=None)."""
-    return "medusa" if engine.heads is not None else "ar"

@@ -97,8 +97,3 @@ class Engines:
     def loaded(self) -> list[str]:
         with self._lock:
             return list(self._items)
-
-    def busy(self, name: str) -> bool:
-        with self._lock:
-            return bool(self._users.get(name))
-
