@@ -25,7 +25,8 @@ DISTILL_MAX_NEW=${DISTILL_MAX_NEW:-512}
 DISTILL_BATCH=${DISTILL_BATCH:-512}
 DISTILL_SECONDS=${DISTILL_SECONDS:-420}       # a cap: the shards written by then are the data (resumable)
 HELDOUT_PROMPTS=${HELDOUT_PROMPTS:-1310}
-TRAIN_MINUTES=${TRAIN_MINUTES:-6}
+TRAIN_MINUTES=${TRAIN_MINUTES:-7}
+TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-500}          # seconds of this call the train stage may take
 LAYERS=${LAYERS:-2}                           # ResBlocks per head: 2 beat 1 on 2026-12-05 (benchmarks/README.md)
 CURVE_MINUTES=${CURVE_MINUTES:-1.5}
 TRACE_PROMPTS=${TRACE_PROMPTS:-200}
@@ -67,9 +68,14 @@ distill)
   ;;
 train)
   # the shipped heads, alone on the GPU (side by side, four runs got 128 steps each in 3 minutes: too few)
-  step train python3 -m engine train-heads $M --data "$R/distill_train" --heldout "$R/distill_heldout" --heads 4 \
-      --layers "$LAYERS" --minutes "$TRAIN_MINUTES" --checkpoint-minutes 1 --out "$R/heads_main/medusa_heads.safetensors"
+  # (the base's hidden states are cached on the GPU: each step is then the heads' work alone). TRAIN_TIMEOUT
+  # stops it (SIGTERM: checkpoint and save) inside a device call; the same stage resumes its budget.
+  step train timeout "$TRAIN_TIMEOUT" python3 -m engine train-heads $M --data "$R/distill_train" \
+      --heldout "$R/distill_heldout" --heads 4 --layers "$LAYERS" --minutes "$TRAIN_MINUTES" --eval-every 500 \
+      --checkpoint-minutes 1 --out "$R/heads_main/medusa_heads.safetensors"
   pack heads 'runs/heads_main/medusa_heads.safetensors' 'runs/heads_main/medusa_heads.json'
+  # the checkpoint (optimiser state: too big for one returned file) comes back in pieces, so another machine can resume
+  (cd "$W" && tar -cf - runs/heads_main/medusa_heads.safetensors.ckpt.pt | split -b 15000000 - "$OUT/heads_ckpt.tar.part-")
   ;;
 curve)
   # the scaling curve: 1 ResBlock on 1/16, 1/4 and all of the data, side by side for the same minutes

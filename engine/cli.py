@@ -194,7 +194,7 @@ def _train_heads(a) -> int:
                       shared_lm_head=not a.private_proj, epochs=a.epochs, minutes=a.minutes, batch_tokens=a.batch_tokens,
                       max_len=max(a.seq + 1, a.max_len), lr=a.lr, warmup=a.warmup, eval_every=a.eval_every,
                       checkpoint_minutes=a.checkpoint_minutes, device=a.device, dtype=a.dtype, seed=a.seed,
-                      resume=not a.no_resume, meta=meta, log=log_stderr)
+                      resume=not a.no_resume, cache_hidden=a.cache_hidden, meta=meta, log=log_stderr)
     print(json.dumps({k: rep[k] for k in ("steps", "epochs", "train_seconds", "finished", "heldout", "out")}))
     return 0
 
@@ -354,6 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--distill-batch", type=positive_int, default=256, help="prompts decoded together")
     t.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="default: bfloat16 on CUDA")
     t.add_argument("--no-resume", action="store_true")
+    t.add_argument("--cache-hidden", default=None, action=argparse.BooleanOptionalAction,
+                   help="compute the frozen base's hidden states once for the whole data (default: when they fit "
+                        "half the GPU's free memory; never on CPU unless asked)")
     t.add_argument("--device", default=None)
     t.set_defaults(fn=_train_heads)
 

@@ -17,12 +17,12 @@ from conftest import VOCAB
 
 import engine
 from engine.heads import MedusaHeads
-from engine.train.data import Sequences, read_distilled, read_sequences
+from engine.loading import load_base
+from engine.train.data import Sequences, batches, make_batch, read_distilled, read_sequences
 from engine.train.distill import cut_at_eos, self_distill
 from engine.train.heads import (
     DECAY,
     IGNORE,
-    batches,
     chunked_head_loss,
     head_targets,
     lr_at,
@@ -175,6 +175,47 @@ def test_train_heads_learns_resumes_and_stops_on_sigterm(tmp_path, llama_dir):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     resumed = json.loads(done.stdout)
     assert resumed["finished"] and resumed["steps"] > stopped["steps"] and "resumed from" in done.stderr
+
+
+def test_cached_hidden_states_equal_a_forward_per_batch(llama_dir):
+    """The cache, built over batches grouped one way, returns for batches grouped another way the
+    states a forward of that batch gives, at every kept position (a cut sequence keeps its first
+    max_len tokens, as make_batch cuts it)."""
+    from engine.train.hidden import HiddenStates
+
+    base, _, _ = load_base(llama_dir, torch.device("cpu"), torch.float32)
+    rng = np.random.default_rng(0)
+    lengths = [5, 17, 9, 30, 12, 3, 21]
+    seqs = Sequences.from_list([rng.integers(1, VOCAB, size=n).tolist() for n in lengths], [0, 2, 1, 4, 0, 1, 3])
+    cached = HiddenStates(base, seqs, max_len=20, cache=True, batch_tokens=40)
+    plain = HiddenStates(base, seqs, max_len=20, cache=False)
+    seen = 0
+    for idx in batches(seqs, 64, np.random.default_rng(1)):
+        x, lens, _ = make_batch(seqs, idx, 20, "cpu")
+        pos = (torch.arange(x.shape[1])[None] < lens[:, None]).flatten().nonzero().squeeze(1)
+        torch.testing.assert_close(cached.get(idx, x, pos), plain.get(idx, x, pos), atol=1e-5, rtol=1e-4)
+        seen += len(pos)
+    assert seen == sum(min(n, 20) for n in lengths) == len(cached.cache)
+
+
+def test_training_on_cached_hidden_states_equals_training_without(tmp_path, llama_dir):
+    """Caching the frozen base's states changes where they come from, not the run: same steps,
+    same losses and accuracies, same heads."""
+    rng = np.random.default_rng(0)
+    seqs = Sequences.from_list([rng.integers(1, VOCAB, size=int(n)).tolist() for n in rng.integers(6, 40, 30)],
+                               rng.integers(0, 5, 30).tolist())
+    held = seqs.subset(np.arange(4))
+    kw = dict(num_heads=2, batch_tokens=200, epochs=2, lr=3e-3, eval_every=10_000, device="cpu", log=lambda *_: None)
+    runs = [train_heads(str(llama_dir), seqs, held, str(tmp_path / f"{c}.safetensors"), cache_hidden=c, **kw)
+            for c in (False, True)]
+    assert [r["settings"]["cache_hidden"] for r in runs] == [False, True]
+    assert runs[0]["steps"] == runs[1]["steps"] > 2
+    assert runs[0]["heldout"] == runs[1]["heldout"]
+    from safetensors.torch import load_file
+
+    a, b = (load_file(str(tmp_path / f"{c}.safetensors")) for c in (False, True))
+    for name in a:
+        torch.testing.assert_close(a[name].float(), b[name].float(), atol=2e-3, rtol=1e-3)
 
 
 def test_read_sequences_takes_a_distill_folder_or_text(tmp_path, llama_dir):

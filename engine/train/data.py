@@ -158,3 +158,39 @@ def read_sequences(data: str | Path, model_dir: Path, window: int, vocab_size: i
         check_vocabulary(seqs.tokens, vocab_size, str(p))
         return seqs
     return Sequences.windows(read_training_tokens(p, model_dir, vocab_size), window)
+
+
+def batches(seqs: Sequences, batch_tokens: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """One epoch's batches of sequence indices: shuffled, then sorted by length within windows of
+    ~50 batches so each batch pads little, each batch at most `batch_tokens` padded tokens."""
+    order = rng.permutation(len(seqs))
+    lens = seqs.lengths()
+    per_window = max(1, 50 * batch_tokens // max(int(lens.mean()), 1))
+    out = []
+    for lo in range(0, len(order), per_window):
+        window = order[lo : lo + per_window]
+        window = window[np.argsort(lens[window], kind="stable")]
+        cur: list[int] = []
+        longest = 0
+        for i in window:
+            longest_if = max(longest, int(lens[i]))
+            if cur and longest_if * (len(cur) + 1) > batch_tokens:
+                out.append(np.array(cur))
+                cur, longest_if = [], int(lens[i])
+            cur.append(int(i))
+            longest = longest_if
+        if cur:
+            out.append(np.array(cur))
+    rng.shuffle(out)
+    return out
+
+
+def make_batch(seqs: Sequences, idx: np.ndarray, max_len: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> tokens [B, L] (right-padded with 0), lengths [B], answer starts [B]; sequences longer than
+    max_len keep their first max_len tokens."""
+    lens = np.minimum(seqs.lengths()[idx], max_len)
+    x = np.zeros((len(idx), int(lens.max())), dtype=np.int64)
+    for r, i in enumerate(idx):
+        x[r, : lens[r]] = seqs.get(int(i))[: lens[r]]
+    return (torch.from_numpy(x).to(device), torch.from_numpy(lens).to(device),
+            torch.from_numpy(seqs.answer_start[idx]).to(device))

@@ -34,47 +34,12 @@ from safetensors.torch import save_file
 from ..heads import MedusaHeads
 from ..loading import load_base, resolve_model_dir
 from ..model import Transformer
-from .data import Sequences, check_vocabulary
+from .data import Sequences, batches, check_vocabulary, make_batch
+from .hidden import HiddenStates, cache_fits, forward_hidden
 
 DECAY = 0.8
 IGNORE = -100
 CHUNK = 8192  # positions whose logits exist at once in the loss
-
-
-def batches(seqs: Sequences, batch_tokens: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """One epoch's batches of sequence indices: shuffled, then sorted by length within windows of
-    ~50 batches so each batch pads little, each batch at most `batch_tokens` padded tokens."""
-    order = rng.permutation(len(seqs))
-    lens = seqs.lengths()
-    per_window = max(1, 50 * batch_tokens // max(int(lens.mean()), 1))
-    out = []
-    for lo in range(0, len(order), per_window):
-        window = order[lo : lo + per_window]
-        window = window[np.argsort(lens[window], kind="stable")]
-        cur: list[int] = []
-        longest = 0
-        for i in window:
-            longest_if = max(longest, int(lens[i]))
-            if cur and longest_if * (len(cur) + 1) > batch_tokens:
-                out.append(np.array(cur))
-                cur, longest_if = [], int(lens[i])
-            cur.append(int(i))
-            longest = longest_if
-        if cur:
-            out.append(np.array(cur))
-    rng.shuffle(out)
-    return out
-
-
-def make_batch(seqs: Sequences, idx: np.ndarray, max_len: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> tokens [B, L] (right-padded with 0), lengths [B], answer starts [B]; sequences longer than
-    max_len keep their first max_len tokens."""
-    lens = np.minimum(seqs.lengths()[idx], max_len)
-    x = np.zeros((len(idx), int(lens.max())), dtype=np.int64)
-    for r, i in enumerate(idx):
-        x[r, : lens[r]] = seqs.get(int(i))[: lens[r]]
-    return (torch.from_numpy(x).to(device), torch.from_numpy(lens).to(device),
-            torch.from_numpy(seqs.answer_start[idx]).to(device))
 
 
 def head_targets(tokens: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, num_heads: int):
@@ -125,11 +90,6 @@ def chunked_head_loss(heads: MedusaHeads, lm_head: torch.Tensor, hidden: torch.T
         feats.backward(work.grad)
     total = sum(DECAY**k * float(losses[k]) for k in range(k_heads))
     return total, losses.tolist(), top1, top5
-
-
-def forward_hidden(base: Transformer, tokens: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return base(tokens, torch.arange(tokens.shape[1], device=tokens.device), use_cache=False)
 
 
 @torch.no_grad()
@@ -218,10 +178,12 @@ def train_heads(
     dtype: str | None = None,
     seed: int = 0,
     resume: bool = True,
+    cache_hidden: bool | None = None,
     meta: dict | None = None,
     log=print,
 ) -> dict:
-    """Train heads on `train` (evaluating on `held`), for `epochs` (default 1) or `minutes` of training."""
+    """Train heads on `train` (evaluating on `held`), for `epochs` (default 1) or `minutes` of training.
+    `cache_hidden`: compute the base's hidden states once (default: when they fit the GPU; see hidden.py)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype or ("bfloat16" if dev.type == "cuda" else "float32")]
     model_dir = resolve_model_dir(model)
@@ -260,6 +222,13 @@ def train_heads(
         log("train-heads: held-out " + " ".join(f"h{r['head'] + 1} {r['top1']:.3f}/{r['top5']:.3f}" for r in acc)
             + " (top-1/top-5)")
 
+    if cache_hidden is None:
+        cache_hidden = cache_fits(base, train, max_len, dev)
+    t0 = time.time()
+    hidden_states = HiddenStates(base, train, max_len, cache_hidden, batch_tokens)
+    if cache_hidden:
+        log(f"train-heads: the base's hidden states of all {len(hidden_states.cache)} positions cached on {dev} "
+            f"in {time.time() - t0:.1f} s ({hidden_states.cache.nbytes / 2**30:.1f} GiB)")
     log(f"train-heads: {len(train)} sequences ({train.answer_tokens()} model-written tokens), {epoch_batches} "
         f"batches of <= {batch_tokens} tokens per epoch; " + (f"{minutes} min budget" if minutes else
                                                              f"{total_steps} steps"))
@@ -269,9 +238,10 @@ def train_heads(
             order = batches(train, batch_tokens, np.random.default_rng(seed + state["epoch"]))
             while state["in_epoch"] < len(order) and progress() < 1.0 and not stop.requested:
                 t0 = time.time()
-                x, lens, starts = make_batch(train, order[state["in_epoch"]], max_len, dev)
+                idx = order[state["in_epoch"]]
+                x, lens, starts = make_batch(train, idx, max_len, dev)
                 pos, labels = head_targets(x, lens, starts, num_heads)
-                hidden = forward_hidden(base, x).flatten(0, 1)[pos]
+                hidden = hidden_states.get(idx, x, pos)
                 for g in opt.param_groups:
                     g["lr"] = lr_at(progress(), lr, warmup)
                 opt.zero_grad(set_to_none=True)
@@ -314,7 +284,8 @@ def train_heads(
               "heldout_sequences": len(held), "heldout": state["history"][-1]["heldout"], "history": state["history"],
               "settings": {"num_heads": num_heads, "num_layers": num_layers, "shared_lm_head": shared_lm_head,
                            "epochs": epochs, "minutes": minutes, "batch_tokens": batch_tokens, "lr": lr,
-                           "warmup": warmup, "dtype": str(dt).removeprefix("torch."), "seed": seed},
+                           "warmup": warmup, "dtype": str(dt).removeprefix("torch."), "seed": seed,
+                           "cache_hidden": cache_hidden},
               "out": str(out_path), **(meta or {})}
     out_path.with_suffix(".json").write_text(json.dumps(report, indent=1))
     return report
