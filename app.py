@@ -49,6 +49,9 @@ def loader(a: argparse.Namespace):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from workbench.memory import limit_heap_growth
+
+    limit_heap_growth()  # before torch and Gradio start their threads (each would make its own arena)
     a = parser().parse_args(argv)
     import engine
     from engine.loading import DEMO_DIR

@@ -9,7 +9,8 @@
 #   bash benchmarks/smollm2_pipeline.sh trees     AR traces on held-out ShareGPT -> 12/32/64-node trees
 #   bash benchmarks/smollm2_pipeline.sh measure   MT-Bench: replayed tokens/step per heads, e2e bench, parity
 # Device calls on 2026-12-05: (wheel in 3 parts) | import+distill | import+train+trees | measure; see
-# benchmarks/README.md. Prompt files ($DATA): sharegpt_train.jsonl, sharegpt_heldout.jsonl, mtbench.jsonl (python -m engine fetch
+# benchmarks/README.md. Next time, with the distilled shards carried back in (they are 6.3 MB): the wheel in
+# 3 parts (the repo is 28 MB of a call's 64 MiB) | import + train (TRAIN_TIMEOUT 500 s) | trees + measure. Prompt files ($DATA): sharegpt_train.jsonl, sharegpt_heldout.jsonl, mtbench.jsonl (python -m engine fetch
 # sharegpt). Sizes come from the environment so a CPU dry run can shrink them. A stage that is cut
 # off resumes when run again (distillation shards, training checkpoints).
 set -uo pipefail

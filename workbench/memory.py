@@ -1,12 +1,19 @@
-"""Hand freed heap memory back to the operating system while the app serves.
+"""Keep the app's resident memory from creeping up while it serves.
 
-glibc's malloc keeps memory that Python and torch free in its arenas (one per worker thread, up to
-8 per core) and returns it to the OS only from the top of the heap. A server whose request threads
-allocate and free tensors and JSON of varying sizes therefore grows in steps that never come back,
-though nothing is leaked. `malloc_trim(0)` releases the free pages of every arena; a daemon thread
-calls it every 10 s. In an 8-minute A/B soak it cut the growth after the first 2 minutes from +12.2 %
-to +7.5 % (benchmarks/reliability.md); it does not explain all of it. Elsewhere than glibc it does
-nothing.
+glibc's malloc gives each thread that allocates its own arena (up to 8 per core) and, once a large
+block has been freed, raises its mmap threshold so that later large blocks (torch's activations, JSON
+bodies) come from those arenas' heaps instead of fresh mappings. A server whose request threads
+allocate and free tensors of varying sizes therefore grows in steps that never come back, though
+nothing is leaked: Python's own objects grew 4 MiB in a 4-minute soak while the process grew 36 MiB
+(tracemalloc, 2026-12-05).
+
+Two remedies, both glibc's and both measured by an A/B soak (benchmarks/reliability.md):
+- `limit_heap_growth`: at most ARENAS arenas, and a fixed MMAP_THRESHOLD (no dynamic raise), so a
+  large block is its own mapping and goes back to the OS when freed. Equivalent to starting the process
+  with MALLOC_ARENA_MAX=2 MALLOC_MMAP_THRESHOLD_=262144; called first thing in `app.py`, before any
+  thread has made its arena.
+- `trim_heap_periodically`: `malloc_trim(0)` every 10 s releases the free pages of every arena.
+Elsewhere than glibc both do nothing.
 """
 
 from __future__ import annotations
@@ -15,16 +22,34 @@ import ctypes
 import ctypes.util
 import threading
 
+M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # mallopt's parameter numbers (glibc's malloc.h)
+ARENAS = 2
+MMAP_THRESHOLD = 256 * 1024  # bytes: blocks this large or larger are mapped alone
 
-def _malloc_trim():
-    """glibc's malloc_trim, or None (musl, macOS, Windows)."""
-    name = ctypes.util.find_library("c")
-    if name is None:
+
+def _libc_function(name: str):
+    """One of glibc's malloc functions, or None (musl, macOS, Windows)."""
+    lib = ctypes.util.find_library("c")
+    if lib is None:
         return None
     try:
-        return ctypes.CDLL(name).malloc_trim
+        return getattr(ctypes.CDLL(lib), name)
     except (OSError, AttributeError):
         return None
+
+
+def _malloc_trim():
+    return _libc_function("malloc_trim")
+
+
+def limit_heap_growth() -> bool:
+    """Cap glibc's arenas at ARENAS and fix its mmap threshold at MMAP_THRESHOLD. -> whether glibc took
+    both settings (False where there is no mallopt)."""
+    mallopt = _libc_function("mallopt")
+    if mallopt is None:
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt(M_ARENA_MAX, ARENAS) == 1 and mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
 
 
 def trim_heap_periodically(every_s: float = 10.0) -> threading.Thread | None:
