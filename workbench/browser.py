@@ -31,12 +31,15 @@ def open_page(browser, url: str, init_script: str | None = None, timeout_ms: int
     return pg
 
 
-def number_box(pg, label_part: str):
+def number_box(pg, label_part: str, timeout_ms: int = 60_000):
     """The shown number input whose label contains `label_part` (tabs visited earlier stay in the page,
-    hidden, and two tabs may have a control of the same name)."""
-    labels = pg.eval_on_selector_all("input[type=number]",
-                                     "els => els.map(e => e.checkVisibility() ? e.getAttribute('aria-label') : null)")
-    return pg.locator("input[type=number]").nth(next(i for i, a in enumerate(labels) if a and label_part in a))
+    hidden, and two tabs may have a control of the same name). Waits for it: on a loaded machine the
+    page shows its Generate button before every control of the tab is laid out."""
+    found = pg.wait_for_function(
+        """part => 1 + [...document.querySelectorAll('input[type=number]')]
+                 .findIndex(e => e.checkVisibility() && (e.getAttribute('aria-label') || '').includes(part))""",
+        arg=label_part, timeout=timeout_ms)
+    return pg.locator("input[type=number]").nth(found.json_value() - 1)
 
 
 def set_number(pg, label_part: str, value) -> None:
