@@ -17,7 +17,7 @@ from engine.trace import prompt_hash
 from .. import figures
 from ..core import EDITOR, MAX_PROMPT_CHARS, MODEL_TREE, Workbench
 from ..page import ACCEPT_CHOICES, PRIVATE, Page
-from ..plotzoom import zoomable
+from ..plotzoom import warmup_plot, zoomable
 from ..runtext import CLICK_JS, text_html
 from ..session import RunState, Session, UserError, step_index, user_message
 from ..store import StoreError
@@ -26,6 +26,7 @@ log = logging.getLogger("workbench")
 THROTTLE_S = 0.25  # streamed text and stats: at most four updates a second, whatever the step rate
 TABLE_HEADERS = ["node", "path", "token", "head p", "path p", "status", "why"]
 FIGURE_NAMES = ("step_tree", "heads", "run", "acceptance", "calibration")
+FAILED = "✗ "  # how the stats line starts when a run did not happen (then no figures follow)
 TOKEN_CHARS = 40  # the node table's token column: long tokens are cut, with '…'
 
 
@@ -291,6 +292,7 @@ class DecodeTab:
                 self.load_run_btn = gr.Button("Load run", scale=1)
                 self.run_files = gr.File(label="run files (trace JSONL + settings)", file_count="multiple", scale=3)
             self.runs_msg = gr.Markdown()
+        warmup_plot()  # Plotly's first draws happen as the page loads, not when a run ends
 
     def wire(self, page: Page) -> None:
         skip = gr.update()
@@ -303,35 +305,44 @@ class DecodeTab:
                 paths = frozenset()
             return figures.TreeView(float(prune_v or 0), bool(show), paths)
 
-        def decode_stream(prompt, tree_choice, editor_text, mode, accept, temperature, top_p, seed, max_new, prune_v,
-                          show, collapsed, request: gr.Request):
+        def decode_stream(prompt, tree_choice, editor_text, mode, accept, temperature, top_p, seed, max_new,
+                          request: gr.Request):
             session = page.session(request)
-            view = view_of(prune_v, show, collapsed)
             for ev in self.decode(session, prompt, tree_choice, editor_text, mode, accept, temperature, top_p, seed,
                                   max_new):
                 if "error" in ev:
-                    yield (f"✗ {ev['error']}",) + (skip,) * 11
+                    yield (f"{FAILED}{ev['error']}",) + (skip,) * 5
                     return
                 run = ev.get("run") or session.run
                 last = max(0, ev["steps"] - 1)
                 steps = gr.update(maximum=max(1, last), value=last)
-                if not ev["done"]:  # text, stats and the slider only: figures are for the selected step
-                    yield (ev["stats"], ev["html"], steps) + (skip,) * 9
+                if not ev["done"]:
+                    yield ev["stats"], ev["html"], steps, skip, skip, skip
                     continue
-                tree_fig, head_fig, table = self.step_view(session, last, view)
-                run_fig, heat_fig, calib_fig = self.run_figures(session, last)
-                tree_fig = self.shown_tree(tree_fig, session)
-                yield (ev["stats"], ev["html"], steps, tree_fig if tree_fig is not None else skip,
-                       head_fig if head_fig is not None else skip, table, run_fig,
-                       heat_fig if heat_fig is not None else skip, calib_fig, gr.update(choices=self.run_choices()),
+                yield (ev["stats"], ev["html"], steps, gr.update(choices=self.run_choices()),
                        gr.update(choices=self.collapse_choices(session), value=[]),
                        f"saved as run {run.run_id}" if run is not None and run.run_id else self.runs_note())
 
-        decode_out = [self.stats, self.out_html, self.step, self.tree_plot, self.head_plot, self.node_table,
-                      self.run_plot, self.heat_plot, self.calib_plot, self.runs_pick, self.collapse, self.runs_msg]
-        page.job(self.run_btn, decode_stream, [self.prompt, self.tree, page.editor, self.mode, self.accept,
-                                               self.temperature, self.top_p, self.seed, self.max_new] + view_in,
-                 decode_out, begun="⏳ decoding…")
+        def closing_figures(stats, prune_v, show, collapsed, request: gr.Request):
+            """The last step's figures, once, after the stream: a generator's completion message repeats
+            its last values whole, so figures streamed with them were sent, cloned and set twice."""
+            session = page.session(request)
+            run = session.run
+            if str(stats).startswith(FAILED) or run is None or not run.traces:
+                return (skip,) * 6
+            last = len(run.traces) - 1
+            tree_fig, head_fig, table = self.step_view(session, last, view_of(prune_v, show, collapsed))
+            run_fig, heat_fig, calib_fig = self.run_figures(session, last)
+            tree_fig = self.shown_tree(tree_fig, session)
+            return (tree_fig if tree_fig is not None else skip, head_fig if head_fig is not None else skip, table,
+                    run_fig, heat_fig if heat_fig is not None else skip, calib_fig)
+
+        decode_out = [self.stats, self.out_html, self.step, self.runs_pick, self.collapse, self.runs_msg]
+        job = page.job(self.run_btn, decode_stream, [self.prompt, self.tree, page.editor, self.mode, self.accept,
+                                                     self.temperature, self.top_p, self.seed, self.max_new],
+                       decode_out, begun="⏳ decoding…")
+        job.then(closing_figures, [self.stats] + view_in, [self.tree_plot, self.head_plot, self.node_table,
+                                                           self.run_plot, self.heat_plot, self.calib_plot], **PRIVATE)
         page.stop_button(self.stop_btn, self.stats)
 
         select_out = [self.tree_plot, self.head_plot, self.node_table, self.run_plot, self.out_html, self.step]
