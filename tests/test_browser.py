@@ -317,6 +317,9 @@ def test_big_trees_draw_without_overlapping_labels(browser, app_url, tree):
     got = pg.evaluate(LABELS_JS, "#editor-plot")
     assert got["labels"] > 20 and got["overlapping"] == [], got
     pg.screenshot(path=str(ART / f"editor_{name}.png"), full_page=True)
+    # still every node: no figure drawn with the view from before the box was checked landed after it
+    pg.get_by_role("tab", name="Decode").click()
+    assert f"{n} drawn" in pg.locator("#tree-plot .gtitle").text_content()
     pg.context.close()
 
 

@@ -28,6 +28,11 @@ TABLE_HEADERS = ["node", "path", "token", "head p", "path p", "status", "why"]
 FIGURE_NAMES = ("step_tree", "heads", "run", "acceptance", "calibration")
 FAILED = "✗ "  # how the stats line starts when a run did not happen (then no figures follow)
 TOKEN_CHARS = 40  # the node table's token column: long tokens are cut, with '…'
+# Every event that draws a step's figures takes its turn in this group of one, so figures land in the order their
+# events were triggered and the last one shows what the controls say now. Side by side, a view change made as a run
+# ends was drawn before the run's slower closing figures, which then replaced it with the view they were sent.
+FIGURES_QUEUE = "decode-figures"
+DRAWS = dict(concurrency_limit=1, concurrency_id=FIGURES_QUEUE, **PRIVATE)
 
 
 def example_prompt() -> str:
@@ -342,7 +347,7 @@ class DecodeTab:
                                                      self.temperature, self.top_p, self.seed, self.max_new],
                        decode_out, begun="⏳ decoding…")
         job.then(closing_figures, [self.stats] + view_in, [self.tree_plot, self.head_plot, self.node_table,
-                                                           self.run_plot, self.heat_plot, self.calib_plot], **PRIVATE)
+                                                           self.run_plot, self.heat_plot, self.calib_plot], **DRAWS)
         page.stop_button(self.stop_btn, self.stats)
 
         select_out = [self.tree_plot, self.head_plot, self.node_table, self.run_plot, self.out_html, self.step]
@@ -351,7 +356,7 @@ class DecodeTab:
             shown = self.select(page.session(request), s, view_of(prune_v, show, collapsed))
             return (skip,) * 6 if shown is None else shown[:5] + (gr.update(value=shown[5]),)
 
-        self.step.release(select, [self.step] + view_in, select_out, **PRIVATE)
+        self.step.release(select, [self.step] + view_in, select_out, **DRAWS)
 
         def clicked_text(prune_v, show, collapsed, evt: gr.EventData, request: gr.Request):
             data = getattr(evt, "_data", None)
@@ -359,7 +364,7 @@ class DecodeTab:
             step = run.step_at(data.get("offset")) if isinstance(data, dict) and run is not None else None
             return select(step, prune_v, show, collapsed, request)
 
-        self.out_html.click(clicked_text, view_in, select_out, **PRIVATE)
+        self.out_html.click(clicked_text, view_in, select_out, **DRAWS)
 
         def redraw(s, prune_v, show, collapsed, request: gr.Request):
             session = page.session(request)
@@ -367,7 +372,7 @@ class DecodeTab:
             return self.shown_tree(tree_fig, session) if tree_fig is not None else skip
 
         for c in view_in:
-            c.change(redraw, [self.step] + view_in, self.tree_plot, **PRIVATE)
+            c.change(redraw, [self.step] + view_in, self.tree_plot, **DRAWS)
 
         def toggle_play(label, request: gr.Request):
             label, active = self.play(page.session(request), label)
@@ -381,7 +386,7 @@ class DecodeTab:
                 return (skip,) * 6 + (gr.update(value="▶ play"), gr.Timer(active=False))
             return select(nxt, prune_v, show, collapsed, request) + (skip, skip)
 
-        self.timer.tick(tick, [self.step] + view_in, select_out + [self.play_btn, self.timer], **PRIVATE)
+        self.timer.tick(tick, [self.step] + view_in, select_out + [self.play_btn, self.timer], **DRAWS)
 
         restore_out = [self.prompt, self.tree, page.editor, self.mode, self.accept, self.temperature, self.top_p,
                        self.seed, self.max_new]
@@ -407,7 +412,7 @@ class DecodeTab:
         self.load_run_btn.click(load_run, [self.runs_pick] + view_in,
                                 [self.runs_msg, self.out_html, self.step, self.tree_plot, self.head_plot, self.node_table,
                                  self.run_plot, self.heat_plot, self.calib_plot, self.run_files, self.stats,
-                                 self.collapse] + restore_out, **PRIVATE)
+                                 self.collapse] + restore_out, **DRAWS)
 
     def on_load(self) -> tuple:
         """(runs dropdown update, runs note) when a page opens."""
