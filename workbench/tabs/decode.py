@@ -302,6 +302,9 @@ class DecodeTab:
     def wire(self, page: Page) -> None:
         skip = gr.update()
         view_in = [self.prune, self.show_all, self.collapse]
+        # a run's end and a loaded run empty the collapse list (the new tree has its own nodes) and draw their
+        # figures with nothing collapsed: they read the other view controls only
+        fresh_view_in = [self.prune, self.show_all]
 
         def view_of(prune_v, show, collapsed) -> figures.TreeView:
             try:
@@ -328,7 +331,7 @@ class DecodeTab:
                        gr.update(choices=self.collapse_choices(session), value=[]),
                        f"saved as run {run.run_id}" if run is not None and run.run_id else self.runs_note())
 
-        def closing_figures(stats, prune_v, show, collapsed, request: gr.Request):
+        def closing_figures(stats, prune_v, show, request: gr.Request):
             """The last step's figures, once, after the stream: a generator's completion message repeats
             its last values whole, so figures streamed with them were sent, cloned and set twice."""
             session = page.session(request)
@@ -336,7 +339,7 @@ class DecodeTab:
             if str(stats).startswith(FAILED) or run is None or not run.traces:
                 return (skip,) * 6
             last = len(run.traces) - 1
-            tree_fig, head_fig, table = self.step_view(session, last, view_of(prune_v, show, collapsed))
+            tree_fig, head_fig, table = self.step_view(session, last, view_of(prune_v, show, None))
             run_fig, heat_fig, calib_fig = self.run_figures(session, last)
             tree_fig = self.shown_tree(tree_fig, session)
             return (tree_fig if tree_fig is not None else skip, head_fig if head_fig is not None else skip, table,
@@ -346,7 +349,7 @@ class DecodeTab:
         job = page.job(self.run_btn, decode_stream, [self.prompt, self.tree, page.editor, self.mode, self.accept,
                                                      self.temperature, self.top_p, self.seed, self.max_new],
                        decode_out, begun="⏳ decoding…")
-        job.then(closing_figures, [self.stats] + view_in, [self.tree_plot, self.head_plot, self.node_table,
+        job.then(closing_figures, [self.stats] + fresh_view_in, [self.tree_plot, self.head_plot, self.node_table,
                                                            self.run_plot, self.heat_plot, self.calib_plot], **DRAWS)
         page.stop_button(self.stop_btn, self.stats)
 
@@ -371,8 +374,8 @@ class DecodeTab:
             tree_fig, _, _ = self.step_view(session, s, view_of(prune_v, show, collapsed))
             return self.shown_tree(tree_fig, session) if tree_fig is not None else skip
 
-        for c in view_in:
-            c.change(redraw, [self.step] + view_in, self.tree_plot, **DRAWS)
+        for c in view_in:  # input, not change: the collapse list a run's end empties would draw its tree again
+            c.input(redraw, [self.step] + view_in, self.tree_plot, **DRAWS)
 
         def toggle_play(label, request: gr.Request):
             label, active = self.play(page.session(request), label)
@@ -391,14 +394,14 @@ class DecodeTab:
         restore_out = [self.prompt, self.tree, page.editor, self.mode, self.accept, self.temperature, self.top_p,
                        self.seed, self.max_new]
 
-        def load_run(run_id, prune_v, show, collapsed, request: gr.Request):
+        def load_run(run_id, prune_v, show, request: gr.Request):
             session = page.session(request)
             msg = self.load_run(session, run_id)
             run = session.run
             if msg.startswith("✗") or run is None:
                 return (msg,) + (skip,) * (11 + len(restore_out))
             last = len(run.traces) - 1
-            tree_fig, head_fig, table = self.step_view(session, last, view_of(prune_v, show, collapsed))
+            tree_fig, head_fig, table = self.step_view(session, last, view_of(prune_v, show, None))
             tree_fig = self.shown_tree(tree_fig, session)
             run_fig, heat_fig, calib_fig = self.run_figures(session, last)
             d = self.wb.store.run_dir(run.run_id)
@@ -409,7 +412,7 @@ class DecodeTab:
                     head_fig, table, run_fig, heat_fig, calib_fig, [str(d / "trace.jsonl"), str(d / "settings.json")],
                     run.stats(), gr.update(choices=self.collapse_choices(session), value=[])) + controls
 
-        self.load_run_btn.click(load_run, [self.runs_pick] + view_in,
+        self.load_run_btn.click(load_run, [self.runs_pick] + fresh_view_in,
                                 [self.runs_msg, self.out_html, self.step, self.tree_plot, self.head_plot, self.node_table,
                                  self.run_plot, self.heat_plot, self.calib_plot, self.run_files, self.stats,
                                  self.collapse] + restore_out, **DRAWS)
