@@ -82,11 +82,13 @@ def zoomable(fig: go.Figure, revision: str) -> PlotData:
 
 
 def warmup_figure() -> go.Figure:
-    """A tiny figure with every trace kind the Decode tab draws (horizontal bars with outside labels
+    """A tiny figure with every trace kind the Decode tab draws (horizontal bars labelled by text points
     under subplot titles, lines, a filled band, markers with text, a heatmap), for the first draw."""
     fig = make_subplots(rows=3, cols=1, subplot_titles=["bars", "lines", "heatmap"])
-    fig.add_trace(go.Bar(x=[0.6, 0.3], y=["a", "b"], orientation="h", text=["0.60", "0.30"], textposition="outside",
-                         cliponaxis=False, hovertext=["a", "b"], hoverinfo="text"), row=1, col=1)
+    fig.add_trace(go.Bar(x=[0.6, 0.3], y=["a", "b"], orientation="h", hovertext=["a", "b"], hoverinfo="text"),
+                  row=1, col=1)
+    fig.add_trace(go.Scatter(x=[0.6, 0.3], y=["a", "b"], mode="text", text=["0.60", "0.30"], textposition="middle right",
+                             cliponaxis=False, hoverinfo="skip"), row=1, col=1)
     fig.add_trace(go.Bar(x=[0, 1], y=[2, 1]), row=2, col=1)
     fig.add_trace(go.Scatter(x=[0, 1, 1, 0], y=[1, 2, 1, 0], fill="toself"), row=2, col=1)
     fig.add_trace(go.Scatter(x=[0, 1], y=[1, 2], mode="lines+markers+text", text=["a", "b"]), row=2, col=1)
