@@ -87,6 +87,9 @@ def test_loads_without_console_errors(browser, app_url):
     pg.goto(app_url)
     pg.wait_for_selector("text=Generate", timeout=60_000)
     assert pg.title() == "medusa-workbench"
+    # Plotly was loaded and its first draws made as the page opened, and the warm-up drawing let go of
+    pg.wait_for_selector("#plotly-warmup [data-warmed=purged]", state="attached", timeout=60_000)
+    assert pg.evaluate("document.querySelectorAll('#plotly-warmup .main-svg, #plotly-warmup .modebar').length") == 0
     assert [e for e in errors if "favicon" not in e] == []
     pg.context.close()
 
@@ -314,6 +317,9 @@ def test_big_trees_draw_without_overlapping_labels(browser, app_url, tree):
     got = pg.evaluate(LABELS_JS, "#editor-plot")
     assert got["labels"] > 20 and got["overlapping"] == [], got
     pg.screenshot(path=str(ART / f"editor_{name}.png"), full_page=True)
+    # still every node: no figure drawn with the view from before the box was checked landed after it
+    pg.get_by_role("tab", name="Decode").click()
+    assert f"{n} drawn" in pg.locator("#tree-plot .gtitle").text_content()
     pg.context.close()
 
 

@@ -104,3 +104,22 @@ def test_stop_says_at_once_when_the_job_had_not_started(wb):
     with s.job(s.get("queued-page")):
         assert s.stop("queued-page") == "running"
     s.end("queued-page")
+
+
+def test_every_event_that_draws_a_steps_figures_waits_its_turn(wb):
+    """The figures an event sends replace what the page shows, so the last one triggered must land last: in
+    one group of one, Gradio runs them in the order they came. Side by side, a run's closing figures (slow)
+    landed after a view change made as the run ended, and put the old view back. And only a user's change
+    redraws: a run's end empties the collapse list, which redrew the tree its closing figures draw."""
+    from workbench.app import build_app
+    from workbench.tabs.decode import FIGURES_QUEUE
+
+    plots = {"tree-plot", "head-plot", "run-plot", "heat-plot"}
+    app = build_app(wb)
+    draws = [fn for fn in app.fns.values() if plots & {getattr(o, "elem_id", None) for o in fn.outputs}]
+    names = {fn.name for fn in draws}
+    assert {"closing_figures", "redraw", "select", "tick", "load_run"} <= names, names
+    assert [(fn.name, fn.concurrency_id, fn.concurrency_limit) for fn in draws
+            if (fn.concurrency_id, fn.concurrency_limit) != (FIGURES_QUEUE, 1)] == []
+    # and none is drawn again because a value the server set changed (a run's end empties the collapse list)
+    assert [fn.name for fn in draws if any(event == "change" for _, event in fn.targets)] == []

@@ -14,7 +14,7 @@ import pytest
 import trees
 from workbench import figures
 from workbench.core import EDITOR
-from workbench.layout import Box, place_labels, tidy_layout, tree_graph
+from workbench.layout import Box, place_labels, text_width_px, tidy_layout, tree_graph
 from workbench.session import RunState, UserError
 
 
@@ -106,10 +106,29 @@ def test_head_panel_marks_the_token_that_came(run):
     tr = run.traces[step]
     nxt = figures.next_tokens(run.traces, step)
     fig = figures.head_panel(tr, nxt, [tuple(h) for h in run.head_hits])
-    for h, bar in enumerate(fig.data):
-        marked = [i for i, t in enumerate(bar.text) if "◀ next" in t]
+    labels = [d for d in fig.data if d.type == "scatter"]  # each head's bar labels, beside its bars
+    assert len(labels) == len(tr["head_topk"])
+    for h, shown in enumerate(labels):
+        marked = [i for i, t in enumerate(shown.text) if "◀ next" in t]
         ranks = [i for i, c in enumerate(tr["head_topk"][h]) if c["token"] == nxt[h]]
         assert marked == ranks  # marked exactly where the real token sat (nowhere if it missed the top-k)
+
+
+def test_head_panel_leaves_the_browser_nothing_to_measure_and_keeps_its_margins(run):
+    """It is redrawn at every step with new tokens (issue 31): no bar carries an outside label and no axis
+    has automargin (Plotly measures both at every draw), the left margin holds every token label, and it
+    stays put from step to step unless a label of wide characters needs more."""
+    figs = [figures.head_panel(t, figures.next_tokens(run.traces, i)) for i, t in enumerate(run.traces[:8])]
+    for fig in figs:
+        assert [d.text for d in fig.data if d.type == "bar" and d.text is not None] == []
+        assert {a.automargin for a in [*fig.select_xaxes(), *fig.select_yaxes()]} == {False}
+        ticks = [y for d in fig.data if d.type == "bar" for y in d.y]
+        assert fig.layout.margin.l >= max(text_width_px(y, figures.HEAD_TICK_PX) for y in ticks)
+    assert len({fig.layout.margin.l for fig in figs}) == 1
+    wide = json.loads(json.dumps(run.traces[0]))
+    wide["head_topk"][0][0]["text"] = "漢字" * 6
+    fig = figures.head_panel(wide, [])
+    assert fig.layout.margin.l >= text_width_px(fig.data[0].y[0], figures.HEAD_TICK_PX) > figs[0].layout.margin.l
 
 
 def test_incremental_head_accuracy_equals_recomputation(run):

@@ -20,7 +20,7 @@ from .core import Workbench
 from .memory import trim_heap_periodically
 from .modelbar import ModelBar
 from .page import Page
-from .plotzoom import PLOT_JS
+from .plotzoom import PLOT_JS, WARMUP_CSS
 from .session import MAX_SESSIONS
 from .tabs.compare import CompareTab
 from .tabs.decode import DecodeTab
@@ -146,7 +146,7 @@ def serve(wb: Workbench, host: str = "127.0.0.1", port: int | None = None, block
     store = wb.store
     _, url, _ = app.launch(server_name=host, server_port=port, share=False, show_error=False, quiet=not block,
                            allowed_paths=[str(store.trees_dir), str(store.runs_dir), str(store.downloads_dir)],
-                           max_file_size=MAX_UPLOAD, prevent_thread_lock=not block, css=TEXT_CSS, head=PLOT_JS,
+                           max_file_size=MAX_UPLOAD, prevent_thread_lock=not block, css=TEXT_CSS + WARMUP_CSS, head=PLOT_JS,
                            state_session_capacity=GRADIO_SESSIONS,
                            app_kwargs={"middleware": [Middleware(BodyLimit, limit=MAX_REQUEST),
                                                       Middleware(ClientWatch, on_gone=wb.sessions.close)]})

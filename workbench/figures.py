@@ -20,6 +20,8 @@ LAYER_PX = 110
 GHOST_RANK = 10**6  # sorts after every real rank: the ghost is its parent's last child
 NEXT_COLOR = "#ff7f0e"
 EDITOR_PLOT_WIDTH_PX = 560  # the editor's plot shares the row with the JSON editor
+HEAD_TOKEN_CHARS = 12  # the head panel's token labels: longer tokens are cut, with '…'
+HEAD_TICK_PX = 10  # their font size, and the bars' labels'
 
 
 def token_label(text: str, limit: int = 8) -> str:
@@ -288,7 +290,15 @@ def head_panel(trace: dict, next_tokens: Sequence[int], accuracy: Sequence[tuple
                k: int = 10) -> go.Figure:
     """Per head, its top-k tokens as labelled horizontal bars; the token that really came next is
     orange and marked '◀ next' (visible at any bar size). `accuracy`: per head (hits, total) of
-    top-1 so far in this run."""
+    top-1 so far in this run.
+
+    The panel is redrawn at every step, with new tokens, so nothing in it is left for the browser to
+    measure (issue 31: its draw was the page's slowest): each bar's label is a text point beside it,
+    which Plotly places from the font size alone (a bar's outside label is measured to be placed,
+    and Plotly's cache of measurements keys on the text, new at every step), and the margins are set
+    here (automargin measured every tick label, then drew the figure again when they needed more
+    room). The left margin fits the widest token label this panel can show, so it stays put from
+    step to step; only a wider label, of wide characters, widens it."""
     heads = trace.get("head_topk") or []
     if not heads:
         return go.Figure().update_layout(title="no head top-k in this trace", height=120)
@@ -303,21 +313,26 @@ def head_panel(trace: dict, next_tokens: Sequence[int], accuracy: Sequence[tuple
     # one x range for every head (so bars compare across heads), fitted to the largest bar plus its label
     top_p = max((c["prob"] for top in heads for c in top[:k]), default=1.0)
     x_max = min(1.25, max(0.1, 1.4 * top_p + 0.08))
+    widest = text_width_px(f"{k - 1}: " + "x" * HEAD_TOKEN_CHARS, HEAD_TICK_PX)
     for h, top in enumerate(heads):
         top = top[:k]
         real = next_tokens[h] if h < len(next_tokens) else None
-        ys = [f"{i}: {token_label(c['text'], 12)}" for i, c in enumerate(top)]
+        ys = [f"{i}: {token_label(c['text'], HEAD_TOKEN_CHARS)}" for i, c in enumerate(top)]
+        widest = max([widest] + [text_width_px(y, HEAD_TICK_PX) for y in ys])
+        probs = [c["prob"] for c in top]
         marks = ["◀ next" if c["token"] == real else "" for c in top]
         fig.add_trace(go.Bar(
-            x=[c["prob"] for c in top], y=ys, orientation="h", showlegend=False,
+            x=probs, y=ys, orientation="h", showlegend=False,
             marker_color=[NEXT_COLOR if c["token"] == real else "#4c78a8" for c in top],
-            text=[f"{c['prob']:.2f} {m}".strip() for c, m in zip(top, marks)], textposition="outside",
-            cliponaxis=False, hovertext=[f"head {h} rank {i}: {c['text']!r} p={c['prob']:.4f}" +
-                                         (" ← came next" if c["token"] == real else "") for i, c in enumerate(top)],
-            hoverinfo="text"), row=h + 1, col=1)
-        fig.update_yaxes(autorange="reversed", row=h + 1, col=1, tickfont=dict(size=10))
-        fig.update_xaxes(range=[0, x_max], row=h + 1, col=1, showticklabels=h == len(heads) - 1)
-    fig.update_layout(height=70 + len(heads) * (16 * k + 40), margin=dict(l=10, r=10, t=40, b=10),
+            hovertext=[f"head {h} rank {i}: {c['text']!r} p={c['prob']:.4f}" + (" ← came next" if c["token"] == real else "")
+                       for i, c in enumerate(top)], hoverinfo="text"), row=h + 1, col=1)
+        # the no-break space keeps the label off the bar's end (a text point has no padding of its own)
+        fig.add_trace(go.Scatter(x=probs, y=ys, mode="text", text=[f"\u00a0{p:.2f} {m}".rstrip() for p, m in zip(probs, marks)],
+                                 textposition="middle right", textfont=dict(size=HEAD_TICK_PX), cliponaxis=False,
+                                 hoverinfo="skip", showlegend=False), row=h + 1, col=1)
+        fig.update_yaxes(autorange="reversed", automargin=False, row=h + 1, col=1, tickfont=dict(size=HEAD_TICK_PX))
+        fig.update_xaxes(range=[0, x_max], automargin=False, row=h + 1, col=1, showticklabels=h == len(heads) - 1)
+    fig.update_layout(height=70 + len(heads) * (16 * k + 40), margin=dict(l=math.ceil(widest) + 8, r=10, t=40, b=30),
                       title=dict(text="heads' top-k this step (orange ◀ next: the token that came)", font=dict(size=13)))
     return fig
 

@@ -54,10 +54,12 @@ class Page:
         names = self.wb.tree_names()
         return [gr.update(choices=choices(names)) for _, choices in self._dropdowns]
 
-    def job(self, button: gr.Button, fn: Callable, inputs: list, outputs: list, begun: str | None = None, **kw) -> None:
+    def job(self, button: gr.Button, fn: Callable, inputs: list, outputs: list, begun: str | None = None,
+            **kw) -> gr.events.Dependency:
         """A button that runs an engine job: a Stop pressed earlier is forgotten at the click (at once,
         outside the engine's queue), then `fn` runs in the engine's queue. A click while this page's previous job
-        is queued or running is refused with a one-line message: Gradio would drop it without a word."""
+        is queued or running is refused with a one-line message: Gradio would drop it without a word.
+        Returns the job's event, for what follows it."""
         def begin(request: gr.Request):
             if not self.wb.sessions.begin(sid(request)):
                 raise gr.Error(BUSY, duration=6, print_exception=False)
@@ -69,6 +71,7 @@ class Page:
         first = button.click(begin, None, outputs[0] if begun else None, trigger_mode="multiple", **PRIVATE)
         job = first.success(fn, inputs, outputs, concurrency_limit=1, concurrency_id=ENGINE_QUEUE, **PRIVATE, **kw)
         job.then(end, None, None, queue=False, **PRIVATE)
+        return job
 
     def stop_button(self, button: gr.Button, status: gr.components.Component | None = None) -> None:
         """Stop, handled at once outside the queue (it never waits for a job or for the page). With

@@ -14,16 +14,27 @@ the page's <head>, which wraps `Plotly.react` once Gradio's lazily loaded plotly
 - the zoom reset: `layout.uirevision` keeps the user's view only when Plotly redraws the same div.
   The wrapper does the same across divs: when the old and new figure share a `uirevision`, every
   axis the user zoomed or panned (Plotly's `_preGUI` record) keeps the range it showed.
+
+A third cost is Plotly's arrival: Gradio imports its 4.6 MB plotly bundle when the first figure
+comes, which in a fresh browser made a 1.3 s main-thread task at the end of the first run (issue
+31), and Plotly's first draw of a kind of trace is slower than later ones. `warmup_plot` draws a
+tiny figure of every trace kind the Decode tab shows, off-screen, as the page loads, so both happen
+then; PLOT_JS purges that drawing once it is made.
 """
 
 from __future__ import annotations
 
 import json
 
+import gradio as gr
 import plotly.graph_objects as go
 from gradio.components.plot import PlotData
+from plotly.subplots import make_subplots
 
 CONFIG = {"scrollZoom": True, "displaylogo": False}
+WARMUP_ID = "plotly-warmup"
+# off-screen, yet laid out at a real size: Plotly rejects drawing in a hidden (display: none) div
+WARMUP_CSS = f"#{WARMUP_ID} {{ position: fixed !important; left: -10000px; top: 0; width: 600px; }}\n"
 
 PLOT_JS = """<script>
 (() => {
@@ -48,7 +59,10 @@ PLOT_JS = """<script>
         Plotly.purge(old);
       }
       if (block) drawn.set(block, gd);
-      return react.apply(this, arguments);
+      const done = react.apply(this, arguments);
+      if (gd instanceof Element && gd.closest('#__WARMUP_ID__'))  // warmed: its drawing is let go of
+        Promise.resolve(done).then(() => { Plotly.purge(gd); gd.dataset.warmed = 'purged'; });
+      return done;
     };
     Plotly.__workbench = true;
     return Plotly;
@@ -56,7 +70,7 @@ PLOT_JS = """<script>
   let current = wrap(window.Plotly);
   Object.defineProperty(window, 'Plotly', {configurable: true, get: () => current, set: (p) => { current = wrap(p); }});
 })();
-</script>"""
+</script>""".replace("__WARMUP_ID__", WARMUP_ID)
 
 
 def zoomable(fig: go.Figure, revision: str) -> PlotData:
@@ -65,3 +79,24 @@ def zoomable(fig: go.Figure, revision: str) -> PlotData:
     value = json.loads(fig.to_json())
     value["config"] = CONFIG
     return PlotData(type="plotly", plot=json.dumps(value))
+
+
+def warmup_figure() -> go.Figure:
+    """A tiny figure with every trace kind the Decode tab draws (horizontal bars labelled by text points
+    under subplot titles, lines, a filled band, markers with text, a heatmap), for the first draw."""
+    fig = make_subplots(rows=3, cols=1, subplot_titles=["bars", "lines", "heatmap"])
+    fig.add_trace(go.Bar(x=[0.6, 0.3], y=["a", "b"], orientation="h", hovertext=["a", "b"], hoverinfo="text"),
+                  row=1, col=1)
+    fig.add_trace(go.Scatter(x=[0.6, 0.3], y=["a", "b"], mode="text", text=["0.60", "0.30"], textposition="middle right",
+                             cliponaxis=False, hoverinfo="skip"), row=1, col=1)
+    fig.add_trace(go.Bar(x=[0, 1], y=[2, 1]), row=2, col=1)
+    fig.add_trace(go.Scatter(x=[0, 1, 1, 0], y=[1, 2, 1, 0], fill="toself"), row=2, col=1)
+    fig.add_trace(go.Scatter(x=[0, 1], y=[1, 2], mode="lines+markers+text", text=["a", "b"]), row=2, col=1)
+    fig.add_trace(go.Heatmap(z=[[0, 1], [1, 0]]), row=3, col=1)
+    fig.update_layout(height=360, showlegend=False)
+    return fig
+
+
+def warmup_plot() -> gr.Plot:
+    """The off-screen plot that warms Plotly as the page loads (WARMUP_CSS places it, PLOT_JS purges it)."""
+    return gr.Plot(zoomable(warmup_figure(), "warmup"), show_label=False, container=False, elem_id=WARMUP_ID)

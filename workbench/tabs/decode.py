@@ -17,7 +17,7 @@ from engine.trace import prompt_hash
 from .. import figures
 from ..core import EDITOR, MAX_PROMPT_CHARS, MODEL_TREE, Workbench
 from ..page import ACCEPT_CHOICES, PRIVATE, Page
-from ..plotzoom import zoomable
+from ..plotzoom import warmup_plot, zoomable
 from ..runtext import CLICK_JS, text_html
 from ..session import RunState, Session, UserError, step_index, user_message
 from ..store import StoreError
@@ -26,7 +26,13 @@ log = logging.getLogger("workbench")
 THROTTLE_S = 0.25  # streamed text and stats: at most four updates a second, whatever the step rate
 TABLE_HEADERS = ["node", "path", "token", "head p", "path p", "status", "why"]
 FIGURE_NAMES = ("step_tree", "heads", "run", "acceptance", "calibration")
+FAILED = "✗ "  # how the stats line starts when a run did not happen (then no figures follow)
 TOKEN_CHARS = 40  # the node table's token column: long tokens are cut, with '…'
+# Every event that draws a step's figures takes its turn in this group of one, so figures land in the order their
+# events were triggered and the last one shows what the controls say now. Side by side, a view change made as a run
+# ends was drawn before the run's slower closing figures, which then replaced it with the view they were sent.
+FIGURES_QUEUE = "decode-figures"
+DRAWS = dict(concurrency_limit=1, concurrency_id=FIGURES_QUEUE, **PRIVATE)
 
 
 def example_prompt() -> str:
@@ -291,10 +297,14 @@ class DecodeTab:
                 self.load_run_btn = gr.Button("Load run", scale=1)
                 self.run_files = gr.File(label="run files (trace JSONL + settings)", file_count="multiple", scale=3)
             self.runs_msg = gr.Markdown()
+        warmup_plot()  # Plotly's first draws happen as the page loads, not when a run ends
 
     def wire(self, page: Page) -> None:
         skip = gr.update()
         view_in = [self.prune, self.show_all, self.collapse]
+        # a run's end and a loaded run empty the collapse list (the new tree has its own nodes) and draw their
+        # figures with nothing collapsed: they read the other view controls only
+        fresh_view_in = [self.prune, self.show_all]
 
         def view_of(prune_v, show, collapsed) -> figures.TreeView:
             try:
@@ -303,35 +313,44 @@ class DecodeTab:
                 paths = frozenset()
             return figures.TreeView(float(prune_v or 0), bool(show), paths)
 
-        def decode_stream(prompt, tree_choice, editor_text, mode, accept, temperature, top_p, seed, max_new, prune_v,
-                          show, collapsed, request: gr.Request):
+        def decode_stream(prompt, tree_choice, editor_text, mode, accept, temperature, top_p, seed, max_new,
+                          request: gr.Request):
             session = page.session(request)
-            view = view_of(prune_v, show, collapsed)
             for ev in self.decode(session, prompt, tree_choice, editor_text, mode, accept, temperature, top_p, seed,
                                   max_new):
                 if "error" in ev:
-                    yield (f"✗ {ev['error']}",) + (skip,) * 11
+                    yield (f"{FAILED}{ev['error']}",) + (skip,) * 5
                     return
                 run = ev.get("run") or session.run
                 last = max(0, ev["steps"] - 1)
                 steps = gr.update(maximum=max(1, last), value=last)
-                if not ev["done"]:  # text, stats and the slider only: figures are for the selected step
-                    yield (ev["stats"], ev["html"], steps) + (skip,) * 9
+                if not ev["done"]:
+                    yield ev["stats"], ev["html"], steps, skip, skip, skip
                     continue
-                tree_fig, head_fig, table = self.step_view(session, last, view)
-                run_fig, heat_fig, calib_fig = self.run_figures(session, last)
-                tree_fig = self.shown_tree(tree_fig, session)
-                yield (ev["stats"], ev["html"], steps, tree_fig if tree_fig is not None else skip,
-                       head_fig if head_fig is not None else skip, table, run_fig,
-                       heat_fig if heat_fig is not None else skip, calib_fig, gr.update(choices=self.run_choices()),
+                yield (ev["stats"], ev["html"], steps, gr.update(choices=self.run_choices()),
                        gr.update(choices=self.collapse_choices(session), value=[]),
                        f"saved as run {run.run_id}" if run is not None and run.run_id else self.runs_note())
 
-        decode_out = [self.stats, self.out_html, self.step, self.tree_plot, self.head_plot, self.node_table,
-                      self.run_plot, self.heat_plot, self.calib_plot, self.runs_pick, self.collapse, self.runs_msg]
-        page.job(self.run_btn, decode_stream, [self.prompt, self.tree, page.editor, self.mode, self.accept,
-                                               self.temperature, self.top_p, self.seed, self.max_new] + view_in,
-                 decode_out, begun="⏳ decoding…")
+        def closing_figures(stats, prune_v, show, request: gr.Request):
+            """The last step's figures, once, after the stream: a generator's completion message repeats
+            its last values whole, so figures streamed with them were sent, cloned and set twice."""
+            session = page.session(request)
+            run = session.run
+            if str(stats).startswith(FAILED) or run is None or not run.traces:
+                return (skip,) * 6
+            last = len(run.traces) - 1
+            tree_fig, head_fig, table = self.step_view(session, last, view_of(prune_v, show, None))
+            run_fig, heat_fig, calib_fig = self.run_figures(session, last)
+            tree_fig = self.shown_tree(tree_fig, session)
+            return (tree_fig if tree_fig is not None else skip, head_fig if head_fig is not None else skip, table,
+                    run_fig, heat_fig if heat_fig is not None else skip, calib_fig)
+
+        decode_out = [self.stats, self.out_html, self.step, self.runs_pick, self.collapse, self.runs_msg]
+        job = page.job(self.run_btn, decode_stream, [self.prompt, self.tree, page.editor, self.mode, self.accept,
+                                                     self.temperature, self.top_p, self.seed, self.max_new],
+                       decode_out, begun="⏳ decoding…")
+        job.then(closing_figures, [self.stats] + fresh_view_in, [self.tree_plot, self.head_plot, self.node_table,
+                                                           self.run_plot, self.heat_plot, self.calib_plot], **DRAWS)
         page.stop_button(self.stop_btn, self.stats)
 
         select_out = [self.tree_plot, self.head_plot, self.node_table, self.run_plot, self.out_html, self.step]
@@ -340,7 +359,7 @@ class DecodeTab:
             shown = self.select(page.session(request), s, view_of(prune_v, show, collapsed))
             return (skip,) * 6 if shown is None else shown[:5] + (gr.update(value=shown[5]),)
 
-        self.step.release(select, [self.step] + view_in, select_out, **PRIVATE)
+        self.step.release(select, [self.step] + view_in, select_out, **DRAWS)
 
         def clicked_text(prune_v, show, collapsed, evt: gr.EventData, request: gr.Request):
             data = getattr(evt, "_data", None)
@@ -348,15 +367,15 @@ class DecodeTab:
             step = run.step_at(data.get("offset")) if isinstance(data, dict) and run is not None else None
             return select(step, prune_v, show, collapsed, request)
 
-        self.out_html.click(clicked_text, view_in, select_out, **PRIVATE)
+        self.out_html.click(clicked_text, view_in, select_out, **DRAWS)
 
         def redraw(s, prune_v, show, collapsed, request: gr.Request):
             session = page.session(request)
             tree_fig, _, _ = self.step_view(session, s, view_of(prune_v, show, collapsed))
             return self.shown_tree(tree_fig, session) if tree_fig is not None else skip
 
-        for c in view_in:
-            c.change(redraw, [self.step] + view_in, self.tree_plot, **PRIVATE)
+        for c in view_in:  # input, not change: the collapse list a run's end empties would draw its tree again
+            c.input(redraw, [self.step] + view_in, self.tree_plot, **DRAWS)
 
         def toggle_play(label, request: gr.Request):
             label, active = self.play(page.session(request), label)
@@ -370,19 +389,19 @@ class DecodeTab:
                 return (skip,) * 6 + (gr.update(value="▶ play"), gr.Timer(active=False))
             return select(nxt, prune_v, show, collapsed, request) + (skip, skip)
 
-        self.timer.tick(tick, [self.step] + view_in, select_out + [self.play_btn, self.timer], **PRIVATE)
+        self.timer.tick(tick, [self.step] + view_in, select_out + [self.play_btn, self.timer], **DRAWS)
 
         restore_out = [self.prompt, self.tree, page.editor, self.mode, self.accept, self.temperature, self.top_p,
                        self.seed, self.max_new]
 
-        def load_run(run_id, prune_v, show, collapsed, request: gr.Request):
+        def load_run(run_id, prune_v, show, request: gr.Request):
             session = page.session(request)
             msg = self.load_run(session, run_id)
             run = session.run
             if msg.startswith("✗") or run is None:
                 return (msg,) + (skip,) * (11 + len(restore_out))
             last = len(run.traces) - 1
-            tree_fig, head_fig, table = self.step_view(session, last, view_of(prune_v, show, collapsed))
+            tree_fig, head_fig, table = self.step_view(session, last, view_of(prune_v, show, None))
             tree_fig = self.shown_tree(tree_fig, session)
             run_fig, heat_fig, calib_fig = self.run_figures(session, last)
             d = self.wb.store.run_dir(run.run_id)
@@ -393,10 +412,10 @@ class DecodeTab:
                     head_fig, table, run_fig, heat_fig, calib_fig, [str(d / "trace.jsonl"), str(d / "settings.json")],
                     run.stats(), gr.update(choices=self.collapse_choices(session), value=[])) + controls
 
-        self.load_run_btn.click(load_run, [self.runs_pick] + view_in,
+        self.load_run_btn.click(load_run, [self.runs_pick] + fresh_view_in,
                                 [self.runs_msg, self.out_html, self.step, self.tree_plot, self.head_plot, self.node_table,
                                  self.run_plot, self.heat_plot, self.calib_plot, self.run_files, self.stats,
-                                 self.collapse] + restore_out, **PRIVATE)
+                                 self.collapse] + restore_out, **DRAWS)
 
     def on_load(self) -> tuple:
         """(runs dropdown update, runs note) when a page opens."""
