@@ -266,6 +266,10 @@ def test_dark_mode_keeps_the_text_readable_and_the_plots_dark(browser, app_url):
         assert svg_bg == "rgba(0, 0, 0, 0)" or _luminance(svg_bg) < 0.2, (plot, svg_bg)
         area = pg.evaluate(f"getComputedStyle(document.querySelector('{plot} .bg') || document.body).fill")
         assert _luminance(area) < 0.2, (plot, area)
+    # every subplot's tick labels (the head panel's heads 2-4 are y2tick..y4tick), not only the first's
+    ticks = pg.evaluate("""() => [...document.querySelectorAll('#head-plot .xaxislayer-above text, '
+                                  + '#head-plot .yaxislayer-above text')].map(t => getComputedStyle(t).fill)""")
+    assert len(ticks) > 8 and all(_luminance(f) > 0.5 for f in ticks), ticks
     pg.screenshot(path=str(ART / "decode_dark.png"), full_page=True)
     pg.context.close()
 

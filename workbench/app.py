@@ -44,7 +44,8 @@ pre.out mark.sel { outline: 2px solid #ff7f0e; background: #ffe0b2; color: #1a1a
 .dark .js-plotly-plot .gtitle, .dark .js-plotly-plot .xtick text, .dark .js-plotly-plot .ytick text,
 .dark .js-plotly-plot .annotation-text, .dark .js-plotly-plot .legendtext, .dark .js-plotly-plot .cbtitle text,
 .dark .js-plotly-plot g.textpoint text, .dark .js-plotly-plot text.bartext,
-.dark .js-plotly-plot .g-xtitle text, .dark .js-plotly-plot .g-ytitle text {
+.dark .js-plotly-plot .g-xtitle text, .dark .js-plotly-plot .g-ytitle text,
+.dark .js-plotly-plot .xaxislayer-above text, .dark .js-plotly-plot .yaxislayer-above text {
   fill: #e6e6e6 !important; }
 .dark .js-plotly-plot .gridlayer path, .dark .js-plotly-plot .zerolinelayer path { stroke: #3a4150 !important; }
 """
