@@ -121,5 +121,12 @@ def test_every_event_that_draws_a_steps_figures_waits_its_turn(wb):
     assert {"closing_figures", "redraw", "select", "tick", "load_run"} <= names, names
     assert [(fn.name, fn.concurrency_id, fn.concurrency_limit) for fn in draws
             if (fn.concurrency_id, fn.concurrency_limit) != (FIGURES_QUEUE, 1)] == []
-    # and none is drawn again because a value the server set changed (a run's end empties the collapse list)
-    assert [fn.name for fn in draws if any(event == "change" for _, event in fn.targets)] == []
+    # a value the server sets draws nothing, except the collapse list (its clear button sends no input event);
+    # a view control draws the last of quick inputs, not only the first
+    views = {"prune", "show-all", "collapse"}
+    elem = {i: getattr(block, "elem_id", None) for i, block in app.blocks.items()}  # targets name blocks by id
+    on_change = [(fn.name, elem.get(target)) for fn in draws for target, event in fn.targets if event == "change"]
+    assert [(name, elem) for name, elem in on_change if elem != "collapse"] == []
+    redraws = [fn for fn in draws if fn.name == "redraw"]
+    assert {elem.get(target) for fn in redraws for target, _ in fn.targets} == views
+    assert all(fn.trigger_mode == "always_last" for fn in redraws)

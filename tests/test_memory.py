@@ -2,6 +2,7 @@
 by the soak, benchmarks/reliability.md, not here)."""
 
 import ctypes
+import os
 import platform
 import subprocess
 import sys
@@ -54,7 +55,8 @@ def test_limited_heap_maps_large_blocks_alone_and_keeps_two_arenas():
     after a large block was freed, a 1 MiB block is still mapped alone (not carved from a heap that
     never shrinks), and six threads that allocate at once share at most two arenas."""
     def probe(mode: str) -> tuple[int, int]:
-        out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=60)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}  # glibc's defaults, whoever runs it
+        out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=60, env=env)
         assert out.returncode == 0, out.stderr
         return int(out.stdout), sum(line.startswith("Arena ") for line in out.stderr.splitlines())
 

@@ -1,12 +1,13 @@
 """The frozen base model's last hidden states, the heads' only input: recomputed per batch, or
 computed once for the whole training set and gathered.
 
-Medusa-1 never changes the base, so every epoch after the first recomputes the same hidden states: on
-SmolLM2-135M a base forward costs about as much as the four heads' vocabulary projections, so it is
-half of each step. With room for [training tokens, d] in the training dtype (13 M tokens x 576 in
-bf16 is 15 GB, a fifth of an H100), `HiddenStates` runs the base once over the data (a few seconds on
-the GPU) and each step then gathers its positions. Gathered states equal the per-batch ones up to the
-batch shape's rounding (tested in fp32)."""
+Medusa-1 never changes the base, so every epoch after the first recomputes the same hidden states. On
+SmolLM2-135M a base forward is of the same order of FLOPs as the four heads' vocabulary projections
+(about 0.2 and 0.7 GFLOP a position, forward and backward), a large share of each step. With room for
+[training tokens, d] in the training dtype (13 M tokens x 576 in bf16 is 15 GB, a fifth of an H100),
+`HiddenStates` runs the base once over the data and each step then gathers its positions (its speed on
+a GPU is not measured yet). Gathered states equal the per-batch ones up to the batch shape's rounding
+(tested in fp32)."""
 
 from __future__ import annotations
 

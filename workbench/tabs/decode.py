@@ -273,9 +273,10 @@ class DecodeTab:
         self.timer = gr.Timer(0.6, active=False)
         with gr.Row():
             self.prune = gr.Slider(0, 0.5, value=0.02, step=0.005, label="prune: hide nodes whose path probability is below",
-                                   info="the accepted path and its siblings always stay", scale=3)
-            self.show_all = gr.Checkbox(False, label="show every node", scale=1)
-            self.collapse = gr.Dropdown([], value=[], multiselect=True, label="collapse subtrees (node paths)", scale=3)
+                                   info="the accepted path and its siblings always stay", scale=3, elem_id="prune")
+            self.show_all = gr.Checkbox(False, label="show every node", scale=1, elem_id="show-all")
+            self.collapse = gr.Dropdown([], value=[], multiselect=True, label="collapse subtrees (node paths)", scale=3,
+                                        elem_id="collapse")
         gr.Markdown("**Step tree**: drag to pan, box or scroll to zoom, hover any node; orange rings show the "
                     "target's own token where the drafted children missed it.")
         self.tree_plot = gr.Plot(show_label=False, elem_id="tree-plot")
@@ -374,8 +375,13 @@ class DecodeTab:
             tree_fig, _, _ = self.step_view(session, s, view_of(prune_v, show, collapsed))
             return self.shown_tree(tree_fig, session) if tree_fig is not None else skip
 
-        for c in view_in:  # input, not change: the collapse list a run's end empties would draw its tree again
-            c.input(redraw, [self.step] + view_in, self.tree_plot, **DRAWS)
+        # a user's input, not any change: a value the server sets draws nothing; always_last: the last value of a
+        # drag or of quick toggles is drawn (input's default, "once", drops inputs that come while one is drawn)
+        for c in (self.prune, self.show_all):
+            c.input(redraw, [self.step] + view_in, self.tree_plot, trigger_mode="always_last", **DRAWS)
+        # the collapse list on change: its clear button and Backspace send no input event. A run's end empties it
+        # and so draws the tree once more, queued before the closing figures in the same group
+        self.collapse.change(redraw, [self.step] + view_in, self.tree_plot, trigger_mode="always_last", **DRAWS)
 
         def toggle_play(label, request: gr.Request):
             label, active = self.play(page.session(request), label)
