@@ -3,7 +3,7 @@ computed once for the whole training set and gathered.
 
 Medusa-1 never changes the base, so every epoch after the first recomputes the same hidden states. On
 SmolLM2-135M a base forward is of the same order of FLOPs as the four heads' vocabulary projections
-(about 0.2 and 0.7 GFLOP a position, forward and backward), a large share of each step. With room for
+(about 0.2 GFLOP a position for the base's forward, 0.7 for the heads' forward and backward). With room for
 [training tokens, d] in the training dtype (13 M tokens x 576 in bf16 is 15 GB, a fifth of an H100),
 `HiddenStates` runs the base once over the data and each step then gathers its positions (its speed on
 a GPU is not measured yet). Gathered states equal the per-batch ones up to the batch shape's rounding
