@@ -48,6 +48,12 @@ pack() {
   tar -tvzf "$OUT/$name.tar.gz" >&2
   [ "$(stat -c %s "$OUT/$name.tar.gz")" -le 16000000 ] || echo "pack $name: over 16 MB, it will not come back" >&2
 }
+# pack_parts NAME PATH...: paths under $W (too big for one returned file) into $OUT/NAME.tar.gz.part-aa, -ab, ...
+# of 15 MB each; `cat NAME.tar.gz.part-* | tar -xzf -` puts them back
+pack_parts() {
+  local name=$1; shift
+  (cd "$W" && tar -czf - "$@" | split -b 15000000 - "$OUT/$name.tar.gz.part-")
+}
 
 case ${1:-} in
 import)
@@ -64,7 +70,7 @@ distill)
       --prompts "$HELDOUT_PROMPTS" --max-new-tokens "$DISTILL_MAX_NEW" --batch "$DISTILL_BATCH" --out "$R/distill_heldout"
   # the shards come back too (in pieces under the 16 MB a returned file may have): a lost machine then
   # costs the GGUF transfer again, not the distillation (a second machine carries them back and resumes)
-  (cd "$W" && tar -cf - runs/distill_train runs/distill_heldout | split -b 15000000 - "$OUT/distill.tar.part-")
+  pack_parts distill runs/distill_train runs/distill_heldout
   ls -la "$OUT"
   ;;
 train)
@@ -76,7 +82,7 @@ train)
       --checkpoint-minutes 1 --out "$R/heads_main/medusa_heads.safetensors"
   pack heads 'runs/heads_main/medusa_heads.safetensors' 'runs/heads_main/medusa_heads.json'
   # the checkpoint (optimiser state: too big for one returned file) comes back in pieces, so another machine can resume
-  (cd "$W" && tar -cf - runs/heads_main/medusa_heads.safetensors.ckpt.pt | split -b 15000000 - "$OUT/heads_ckpt.tar.part-")
+  pack_parts heads_ckpt runs/heads_main/medusa_heads.safetensors.ckpt.pt
   ;;
 curve)
   # the scaling curve: 1 ResBlock on 1/16, 1/4 and all of the data, side by side for the same minutes
@@ -100,7 +106,7 @@ trees)
   done
   wait
   pack trees 'runs/tree_*.json'
-  (cd "$W" && tar -czf - runs/traces_sharegpt.jsonl | split -b 15000000 - "$OUT/traces_sharegpt.tar.gz.part-")
+  pack_parts traces_sharegpt runs/traces_sharegpt.jsonl
   ;;
 measure)
   H=${HEADS:-$R/heads_main/medusa_heads.safetensors}
@@ -126,7 +132,7 @@ measure)
   step parity python3 -m engine bench --part parity $M --prompts-file benchmarks/prompts/parity.jsonl \
       --max-new-tokens "$PARITY_TOKENS" > "$R/smollm2_gpu_parity_bf16.json"
   snapshot
-  (cd "$W" && tar -czf - runs/mtbench_traces_heads_main.jsonl | split -b 15000000 - "$OUT/mtbench_traces.tar.gz.part-")
+  pack_parts mtbench_traces runs/mtbench_traces_heads_main.jsonl
   ls -la "$OUT"
   ;;
 *)

@@ -38,10 +38,6 @@ def _libc_function(name: str):
         return None
 
 
-def _malloc_trim():
-    return _libc_function("malloc_trim")
-
-
 def limit_heap_growth() -> bool:
     """Cap glibc's arenas at ARENAS and fix its mmap threshold at MMAP_THRESHOLD. -> whether glibc took
     both settings (False where there is no mallopt)."""
@@ -55,7 +51,7 @@ def limit_heap_growth() -> bool:
 def trim_heap_periodically(every_s: float = 10.0) -> threading.Thread | None:
     """Start the daemon thread that trims the heap every `every_s` seconds; None where there is no
     malloc_trim."""
-    trim = _malloc_trim()
+    trim = _libc_function("malloc_trim")
     if trim is None:
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
