@@ -1,14 +1,17 @@
-"""workbench/memory.py: the app's allocator settings and heap-trim thread (what they buy is measured
-by the soak, benchmarks/reliability.md, not here)."""
+"""workbench/memory.py: the app's allocator settings, heap-trim thread and decoding thread (what they
+buy is measured by the soak, benchmarks/reliability.md, not here)."""
 
 import ctypes
 import os
 import platform
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 
 import pytest
 
+from engine.prompts import Prompt
 from workbench.memory import ARENAS, _libc_function, trim_heap_periodically
 
 
@@ -63,3 +66,38 @@ def test_limited_heap_maps_large_blocks_alone_and_keeps_two_arenas():
     assert probe("limited") == (1, ARENAS)
     mapped, arenas = probe("default")
     assert mapped == 0 and arenas > ARENAS  # the probe can tell: glibc's defaults behave otherwise here
+
+
+def test_every_decoding_step_runs_on_one_thread_whichever_thread_asks(wb, tabs):
+    """MKL keeps its packing buffers per thread that multiplied (16 MiB a thread for the demo), so the
+    app's steps must not run on whichever Gradio worker asks. Each path that decodes is asked from
+    threads of its own, as Gradio does: a page's decode with every streamed update pulled by a fresh
+    thread, the API, and a Tune job (Workbench.generate). Each runs forwards, all on one thread that
+    none of them is."""
+    ran_on: list[threading.Thread] = []  # thread objects, not idents: a joined thread's ident is reused
+    hook = wb.engine.model.register_forward_pre_hook(lambda *_: ran_on.append(threading.current_thread()))
+    askers: list[threading.Thread] = []
+
+    def ask(fn: Callable[[], object]) -> int:
+        """Run fn on a new thread -> how many forwards ran meanwhile."""
+        before = len(ran_on)
+        t = threading.Thread(target=fn)
+        askers.append(t)
+        t.start()
+        t.join(120)
+        return len(ran_on) - before
+
+    try:
+        page = tabs.decode.decode(wb.sessions.get("page"), "def main():\n", "demo_tuned", "", max_new_tokens=24)
+        updates: list[dict] = []
+        forwards = {"page": 0}
+        while not updates or not (updates[-1].get("done") or "error" in updates[-1]):
+            forwards["page"] += ask(lambda: updates.append(next(page, {"error": "ended without a last update"})))
+        forwards["api"] = ask(lambda: tabs.api.generate(wb.sessions.get("api"), "import os\n", "demo_tuned",
+                                                        max_new_tokens=24))
+        forwards["tune"] = ask(lambda: tabs.tune.collect(wb.sessions.get("tune"), [Prompt("x = 1\n", ["x = 1\n"], 0)], 16))
+    finally:
+        hook.remove()
+    assert updates[-1].get("done") and all(forwards.values()), (updates[-1], forwards)
+    assert set(ran_on).isdisjoint(askers), "a forward ran on the thread that asked for its step"
+    assert len(set(ran_on)) == 1, f"forwards ran on {len(set(ran_on))} threads"

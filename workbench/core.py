@@ -19,6 +19,7 @@ import trees
 from engine import Engine, GenerationConfig, GenerationError
 from engine.prompts import Prompt, PromptFileError, heldout_prompts, parse_prompts, read_prompts
 
+from .memory import on_one_thread
 from .models import Engines, model_choices
 from .prompt_sets import named_prompt_set
 from .session import Session, Sessions, UserError, finite_number, user_message, whole_number
@@ -233,7 +234,7 @@ class Workbench:
             raise UserError(user_message(e)) from None
         tokens, traces, steps = [], [], 0
         try:
-            for ev in events:
+            for ev in on_one_thread(events):  # MKL's buffers once, not per Gradio worker (memory.py)
                 tokens += ev.tokens
                 steps += 1
                 if ev.trace is not None:

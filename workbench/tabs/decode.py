@@ -16,6 +16,7 @@ from engine.trace import prompt_hash
 
 from .. import figures
 from ..core import EDITOR, MAX_PROMPT_CHARS, MODEL_TREE, Workbench
+from ..memory import on_one_thread
 from ..page import ACCEPT_CHOICES, PRIVATE, Page
 from ..plotzoom import warmup_plot, zoomable
 from ..runtext import CLICK_JS, text_html
@@ -96,7 +97,7 @@ class DecodeTab:
         last = 0.0
         events = engine.stream(prompt, config=cfg)
         try:
-            for ev in events:
+            for ev in on_one_thread(events):  # MKL's buffers once, not per Gradio worker (memory.py)
                 if ev.trace is not None:
                     run.add(ev.trace, ev.text)
                 run.wall_s = time.perf_counter() - t0
