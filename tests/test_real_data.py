@@ -163,12 +163,18 @@ def test_smollm2_greedy_equals_transformers_fp32_on_varied_prompts():
 def test_smollm2_loads_with_its_shipped_heads_chat_and_tree():
     if not (NAMED_MODELS["smollm2"].heads_dir / "medusa_heads.safetensors").exists():
         pytest.skip("no shipped SmolLM2 heads in this checkout")
-    eng = engine.load("smollm2", device="cpu")
-    assert eng.model_dir == SMOLLM2 and eng.num_heads >= 1 and eng.has_chat_template
-    ids = eng.encode("Name three colours.", chat=True)
-    med = eng.generate(ids, 24)
-    ar = eng.generate(ids, 24, mode="ar")
-    assert med.mode == "medusa" and med.token_ids == ar.token_ids  # greedy Medusa is lossless
+    heads_dir = NAMED_MODELS["smollm2"].heads_dir
+    eng = engine.load("smollm2", device="cpu", dtype="float32")
+    assert eng.model_dir == SMOLLM2 and eng.num_heads == 4 and eng.has_chat_template
+    assert eng.default_tree == str(heads_dir / "medusa_choices.json")
+    shipped = json.loads((heads_dir / "medusa_choices.json").read_text())["medusa_choices"]
+    assert len(shipped) <= 64
+    for prompt in ("Name three colours.", "Write a Python function that reverses a string."):
+        ids = eng.encode(prompt, chat=True)
+        med = eng.generate(ids, 64)
+        ar = eng.generate(ids, 64, mode="ar")
+        assert med.mode == "medusa" and med.token_ids == ar.token_ids  # greedy Medusa is lossless
+        assert len(med.token_ids) / med.steps > 1.2  # the heads are real: several tokens per step
 
 
 def test_bench_reads_a_prompt_file_from_its_first_prompt(tmp_path):
