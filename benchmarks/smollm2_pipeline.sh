@@ -13,8 +13,9 @@
 # half + the distilled shards (6.3 MB) + import + train | trees and parity side by side + measure. (The
 # demo's 20 MB weights were moved out of the working tree for those calls, so a half fits beside the repo.)
 # `measure` alone needs most of a call: give it one of its own. Prompt files ($DATA): sharegpt_train.jsonl,
-# sharegpt_heldout.jsonl, mtbench.jsonl (python -m engine fetch sharegpt / mtbench). Sizes come from the environment so a CPU dry run can shrink them. A stage that is cut
-# off resumes when run again (distillation shards, training checkpoints).
+# sharegpt_heldout.jsonl, mtbench.jsonl (python -m engine fetch sharegpt / mtbench). Sizes come from the
+# environment so a CPU dry run can shrink them. A stage that is cut off resumes when run again
+# (distillation shards, training checkpoints).
 set -uo pipefail
 W=${W:-$HOME/w}
 OUT=${OUT:-$W/out}
