@@ -5,6 +5,11 @@
 #   bash benchmarks/gpu_run.sh 1   one step at 7B/8B shapes; 7B-shape end to end with oracle drafts in float32
 #   bash benchmarks/gpu_run.sh 2   (FA4 installed, FLASH_ATTN_SITE set: fa4_install.sh) every GPU test, attention with FA4
 #   bash benchmarks/gpu_run.sh 3   demo end to end, triton and flash_attn; one 7B step with flash_attn
+#   bash benchmarks/gpu_run.sh quick         the gpu_quick tests: one case per kernel path, graphs on the demo
+#   bash benchmarks/gpu_run.sh attention     the full tree-attention grid against its reference (90 cases)
+#   bash benchmarks/gpu_run.sh kernels       every other kernel test (compaction, RoPE, norms, skinny GEMM, engine)
+#   bash benchmarks/gpu_run.sh graphs        graph, FlashAttention-4 and compaction-stress tests
+# (the whole GPU test set no longer fits one call: on 2026-12-05, 141 kernel tests ran in 240 s of one)
 # JSON goes to $OUT (the device tool's output folder) or ./gpu_out.
 set -uo pipefail
 OUT=${OUT:-gpu_out}
@@ -14,7 +19,18 @@ P=benchmarks/prompts/thirdparty_test.jsonl
 run() { local name=$1; shift; local t0=$SECONDS; "$@" > "$OUT/$name.json" 2> "$OUT/$name.err"; echo "$name: exit $? in $((SECONDS - t0)) s"; }
 nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.mem --format=csv,noheader
 part=${1:-A}
-if [ "$part" = 1 ]; then
+tests() { local name=$1; shift; local t0=$SECONDS
+  timeout 540 python3 -m pytest "$@" -p no:cacheprovider -o addopts="" -q -rs --durations=10 > "$OUT/$name.log" 2>&1
+  echo "$name: exit $? in $((SECONDS - t0)) s"; tail -3 "$OUT/$name.log"; }
+if [ "$part" = quick ]; then
+  tests gpu_quick tests/test_kernels_gpu.py tests/test_graphs_gpu.py tests/test_flash4_gpu.py tests/test_compact_stress_gpu.py -m gpu_quick
+elif [ "$part" = attention ]; then
+  tests gpu_attention_tests tests/test_kernels_gpu.py -k tree_attention_matches_reference
+elif [ "$part" = kernels ]; then
+  tests gpu_kernel_tests tests/test_kernels_gpu.py -k "not tree_attention_matches_reference"
+elif [ "$part" = graphs ]; then
+  tests gpu_graph_tests tests/test_graphs_gpu.py tests/test_flash4_gpu.py tests/test_compact_stress_gpu.py
+elif [ "$part" = 1 ]; then
   run gpu_step python3 -m engine bench --part step
   run gpu_e2e_llama2_7b_fp32 python3 -m engine bench --part e2e --shape llama2-7b --dtype float32 --prompts 4 \
       --max-new-tokens 256 --no-stop-on-eos --rounds 1 --trees demo_tuned,mc_sim_7b_63

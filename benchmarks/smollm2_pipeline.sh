@@ -8,7 +8,8 @@
 #   bash benchmarks/smollm2_pipeline.sh curve     1-ResBlock heads on 1/16, 1/4 and all of the data (the scaling curve)
 #   bash benchmarks/smollm2_pipeline.sh trees     AR traces on held-out ShareGPT -> 12/32/64-node trees
 #   bash benchmarks/smollm2_pipeline.sh parity    bf16 greedy against transformers (runs beside `trees`)
-#   bash benchmarks/smollm2_pipeline.sh measure   MT-Bench: replayed tokens/step per heads, e2e bench, peer
+#   bash benchmarks/smollm2_pipeline.sh measure   MT-Bench with the shipped heads: replayed tokens/step per tree, e2e, peer
+#   bash benchmarks/smollm2_pipeline.sh speed     traced vs untraced, and the batch sweep (issue 27)
 # Device calls of the shipped heads (2026-12-05, benchmarks/README.md): the wheel's first half | its second
 # half + the distilled shards (6.3 MB) + import + train | trees and parity side by side + measure. (The
 # demo's 20 MB weights were moved out of the working tree for those calls, so a half fits beside the repo.)
@@ -39,6 +40,10 @@ ROUNDS=${ROUNDS:-1}
 PEER_PROMPTS=${PEER_PROMPTS:-16}
 PARITY_TOKENS=${PARITY_TOKENS:-128}
 MTBENCH_PROMPTS=${MTBENCH_PROMPTS:-80}
+SPEED_PROMPTS=${SPEED_PROMPTS:-32}
+BATCHES=${BATCHES:-1,2,4,8,16,32}
+S=models/smollm2-medusa                      # the shipped heads, default tree (64 nodes) and other trees
+TREES=${TREES:-$S/trees/smollm2_12.json,$S/trees/smollm2_32.json,$S/medusa_choices.json,mc_sim_7b_63}
 M="--model smollm2 --device $DEVICE"
 step() { local name=$1; shift; local t0=$SECONDS; echo "== $name: $*" >&2; "$@"; echo "== $name: exit $? in $((SECONDS - t0)) s" >&2; }
 # pack NAME 'PATTERN'...: the files under $W that the patterns match (quote them: they expand there, not in the
@@ -112,28 +117,37 @@ trees)
   pack_parts traces_sharegpt runs/traces_sharegpt.jsonl
   ;;
 measure)
-  H=${HEADS:-$R/heads_main/medusa_heads.safetensors}
+  # MT-Bench with the shipped heads and trees (models/smollm2-medusa/; HEADS and TREES override them):
+  # AR traces replayed per tree (tokens/step), then our AR and every tree end to end, then the peer column
+  H=${HEADS:-$S/medusa_heads.safetensors}
   # results are packed after every step, so a call cut off still brings back what was measured
   snapshot() { pack measure 'runs/smollm2_gpu_*.json' 'runs/mtbench_replay_*.json' 2>/dev/null; }
-  for h in $R/heads_*/medusa_heads.safetensors; do  # every heads file: MT-Bench AR traces, replayed per tree
-    name=$(basename "$(dirname "$h")")
-    rm -f "$R/mtbench_traces_$name.jsonl"
-    step "traces-mtbench-$name" python3 -m engine collect-traces $M --heads "$h" --prompts-file "$DATA/mtbench.jsonl" \
-        --prompts "$MTBENCH_PROMPTS" --max-new-tokens "$TOKENS" --batch 16 --out "$R/mtbench_traces_$name.jsonl"
-    for t in mc_sim_7b_63 "$R/tree_12.json" "$R/tree_32.json" "$R/tree_64.json"; do
-      python3 -m trees stats "$R/mtbench_traces_$name.jsonl" --tree "$t" > "$R/mtbench_replay_${name}_$(basename "$t" .json).json"
-    done
-    snapshot
+  rm -f "$R/mtbench_traces.jsonl"
+  step traces-mtbench python3 -m engine collect-traces $M --heads "$H" --prompts-file "$DATA/mtbench.jsonl" \
+      --prompts "$MTBENCH_PROMPTS" --max-new-tokens "$TOKENS" --batch 16 --out "$R/mtbench_traces.jsonl"
+  for t in ${TREES//,/ }; do
+    python3 -m trees stats "$R/mtbench_traces.jsonl" --tree "$t" > "$R/mtbench_replay_$(basename "$t" .json).json"
   done
-  trees_list="$R/tree_12.json,$R/tree_32.json,$R/tree_64.json,mc_sim_7b_63"
+  snapshot
   step e2e-mtbench python3 -m engine bench --part e2e $M --heads "$H" --prompts-file "$DATA/mtbench.jsonl" \
-      --prompts "$MTBENCH_PROMPTS" --max-new-tokens "$TOKENS" --rounds "$ROUNDS" --trees "$trees_list" --no-transformers > "$R/smollm2_gpu_e2e_mtbench.json"
+      --prompts "$MTBENCH_PROMPTS" --max-new-tokens "$TOKENS" --rounds "$ROUNDS" --trees "$TREES" --no-transformers > "$R/smollm2_gpu_e2e_mtbench.json"
   snapshot
   step e2e-peer python3 -m engine bench --part e2e $M --heads "$H" --prompts-file "$DATA/mtbench.jsonl" \
-      --prompts "$PEER_PROMPTS" --max-new-tokens "$TOKENS" --rounds 1 --trees "$R/tree_64.json" > "$R/smollm2_gpu_e2e_peer.json"
+      --prompts "$PEER_PROMPTS" --max-new-tokens "$TOKENS" --rounds 1 --trees "$S/medusa_choices.json" > "$R/smollm2_gpu_e2e_peer.json"
   snapshot
-  pack_parts mtbench_traces runs/mtbench_traces_heads_main.jsonl
+  pack_parts mtbench_traces runs/mtbench_traces.jsonl
   ls -la "$OUT"
+  ;;
+speed)
+  # issue 27 on the real model: traced against untraced decoding (what the workbench runs), and the batch
+  # sweep (where Medusa stops paying), on MT-Bench first turns with the shipped trees
+  H=${HEADS:-$S/medusa_heads.safetensors}
+  step e2e-traced python3 -m engine bench --part e2e $M --heads "$H" --prompts-file "$DATA/mtbench.jsonl" \
+      --prompts "$SPEED_PROMPTS" --max-new-tokens "$TOKENS" --rounds 2 --trees "$S/medusa_choices.json,mc_sim_7b_63" \
+      --traced --no-transformers > "$R/smollm2_gpu_e2e_traced.json"
+  step batch python3 -m engine bench --part batch $M --heads "$H" --prompts-file "$DATA/mtbench.jsonl" \
+      --prompts "$SPEED_PROMPTS" --max-new-tokens "$TOKENS" --batches "$BATCHES" --trees "$TREES" > "$R/smollm2_gpu_batch.json"
+  pack speed 'runs/smollm2_gpu_e2e_traced.json' 'runs/smollm2_gpu_batch.json'
   ;;
 parity)
   # our greedy against transformers' on the same bf16 weights (no heads, no trees: it can run beside `trees`,
@@ -143,5 +157,5 @@ parity)
   pack parity 'runs/smollm2_gpu_parity_bf16.json'
   ;;
 *)
-  echo "usage: $0 import|distill|train|curve|trees|parity|measure" >&2; exit 2 ;;
+  echo "usage: $0 import|distill|train|curve|trees|parity|measure|speed" >&2; exit 2 ;;
 esac

@@ -7,12 +7,25 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 
+import itertools  # noqa: E402
 import json  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 VOCAB = 97
+
+
+QUICK = pytest.mark.gpu_quick  # the GPU set that fits a few minutes of one device call (-m gpu_quick)
+
+
+def grid(*axes, quick=()) -> list:
+    """Every combination of the axes as pytest params, for one parametrize over all the names (an axis
+    whose values are tuples gives one name per element); the combinations listed flat in `quick` also
+    belong to the gpu_quick set. (Marking one value of one axis would take in every combination
+    holding it.)"""
+    combos = [tuple(x for v in c for x in (v if isinstance(v, tuple) else (v,))) for c in itertools.product(*axes)]
+    return [pytest.param(*c, marks=QUICK if c in quick else ()) for c in combos]
 
 
 def make_hf_model(path, kind: str = "llama", n_kv: int = 2, tied: bool = False, seed: int = 0, ctx: int = 256):

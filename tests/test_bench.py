@@ -47,6 +47,20 @@ def test_latency_json_has_every_size_and_a_choice_among_them():
     assert isinstance(choice["chosen_is_fastest_or_within_ci"], bool)
 
 
+def test_batch_sweep_runs_named_trees_or_one_tree_per_size_at_every_batch():
+    named = bench("--part", "batch", "--prompts", "2", "--max-new-tokens", "8", "--no-stop-on-eos",
+                  "--batches", "1,3", "--trees", "chain_2,kary_2x2")
+    assert list(named["trees"]) == ["chain_2", "kary_2x2"] and [r["batch"] for r in named["rows"]] == [1, 3]
+    for row in named["rows"]:  # 2 prompts: batch 1 runs both in turn, batch 3 runs one batch of 3
+        assert row["ar"]["requests"] == {1: 2, 3: 3}[row["batch"]] and set(row["medusa"]) == {"chain_2", "kary_2x2"}
+        assert row["ar"]["tokens"] == 8 * row["ar"]["requests"] and row["ar"]["steps"] == 8 * {1: 2, 3: 1}[row["batch"]]
+        assert all(m["greedy_output_equals_ar"] for m in row["medusa"].values())  # fp32: lossless at any batch
+        assert row["best_nodes"] == {"chain_2": 2, "kary_2x2": 6}[row["best_tree"]]
+    sized = bench("--part", "batch", "--prompts", "2", "--max-new-tokens", "8", "--no-stop-on-eos",
+                  "--batches", "2", "--sizes", "2,3")
+    assert [len(t) for t in sized["trees"].values()] == [2, 3] and set(sized["rows"][0]["medusa"]) == {"2", "3"}
+
+
 def test_warm_up_runs_the_longest_prompt_first_then_the_shortest():
     seen = []
     warm_up({"a": lambda p: seen.append(("a", p)), "b": lambda p: seen.append(("b", p))}, [[1, 2], [1, 2, 3, 4], [5]])

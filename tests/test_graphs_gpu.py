@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import make_hf_model, random_heads_sd
+from conftest import QUICK, make_hf_model, random_heads_sd
 
 import engine
 import trees
@@ -18,7 +18,7 @@ def eager():
     return engine.load("demo", device="cuda", dtype="float32", backend="sdpa", cuda_graphs=False)
 
 
-@pytest.mark.parametrize("backend", ["triton", "sdpa"])
+@pytest.mark.parametrize("backend", [pytest.param("triton", marks=QUICK), "sdpa"])
 def test_graphed_medusa_and_ar_equal_eager_ar_on_the_demo(eager, backend):
     eng = engine.load("demo", device="cuda", dtype="float32", backend=backend)
     assert eng.graphs is not None and eager.graphs is None
@@ -32,6 +32,7 @@ def test_graphed_medusa_and_ar_equal_eager_ar_on_the_demo(eager, backend):
     assert eng.graphs.captures == captured  # same tree, batch and cache: the graph is replayed, not captured again
 
 
+@QUICK
 def test_graphed_batch_with_requests_leaving_equals_eager(eager):
     eng = engine.load("demo", device="cuda", dtype="float32", backend="triton")
     batch = heldout_prompts(5)
@@ -44,6 +45,7 @@ def test_graphed_batch_with_requests_leaving_equals_eager(eager):
     assert [r.token_ids for r in eng.generate(batch, 64, mode="ar")] == want
 
 
+@QUICK
 def test_graphed_traces_equal_eager_traces(eager):
     eng = engine.load("demo", device="cuda", dtype="float32", backend="triton")
     p = heldout_prompts(1)[0]
@@ -81,6 +83,7 @@ def test_graphed_random_weight_model_equals_eager_ar(tmp_path, n_kv):
     assert [r.token_ids for r in batched] == want
 
 
+@QUICK
 def test_graphed_oracle_long_paths_equal_ar(tmp_path):
     """Oracle drafts (tests/conftest.py): full-depth paths through non-first children, every step, in
     graphs with the fused kernels, batched too."""
@@ -128,6 +131,7 @@ def test_sdpa_graphs_are_captured_per_span_bucket():
     assert len(spans) >= 2 and all(s % SDPA_BUCKET == 0 or s == eng.model.cache.capacity for s in spans)
 
 
+@QUICK
 def test_queued_steps_with_requests_finishing_at_different_steps(eager):
     """Steps are queued one ahead of the host: a request that stops (EOS) while the next step is in
     flight gets none of that step's tokens, the others keep theirs, and a stream the caller

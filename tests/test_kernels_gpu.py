@@ -7,6 +7,7 @@ import zlib
 
 import pytest
 import torch
+from conftest import QUICK, grid
 
 import trees
 
@@ -37,11 +38,14 @@ def rel_err(out, ref):
 TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("groups", [1, 4, 8])
-@pytest.mark.parametrize("t, starts", [(1, (1, 4095)), (16, (0, 1000)), (64, (4095, 17)), (127, (333, 2)),
-                                       (128, (2500, 2500))])
+F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
+ATTN_LENGTHS = [(1, (1, 4095)), (16, (0, 1000)), (64, (4095, 17)), (127, (333, 2)), (128, (2500, 2500))]
+
+
+@pytest.mark.parametrize("dtype, d, groups, t, starts", grid(
+    [F16, BF16, F32], [64, 128], [1, 4, 8], ATTN_LENGTHS,
+    quick=[(BF16, 64, 4, 16, (0, 1000)), (F32, 128, 1, 127, (333, 2)), (F16, 128, 8, 1, (1, 4095)),
+           (BF16, 128, 1, 128, (2500, 2500))]))
 def test_tree_attention_matches_reference(dtype, d, groups, t, starts):
     from engine.kernels.tree_attention import tree_attention, tree_attention_reference
 
@@ -64,7 +68,7 @@ def test_tree_attention_matches_reference(dtype, d, groups, t, starts):
     assert rel_err(out, ref) < TOL[dtype]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("dtype", [pytest.param(BF16, marks=QUICK), F32], ids=["bf16", "fp32"])
 def test_tree_attention_does_work_for_the_live_length_inside_a_big_cache(dtype):
     """One launch shape for a 32k-slot cache (as a CUDA graph captures it) and live lengths from 3
     to 30000: idle splits contribute nothing, and the result is right at every length."""
@@ -88,9 +92,8 @@ def test_tree_attention_does_work_for_the_live_length_inside_a_big_cache(dtype):
         assert not torch.isnan(out).any() and rel_err(out, ref) < TOL[dtype], live
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-@pytest.mark.parametrize("d", [64, 128, 80])
-@pytest.mark.parametrize("n", [1, 5, 33, 65])
+@pytest.mark.parametrize("dtype, d, n", grid([BF16, F32], [64, 128, 80], [1, 5, 33, 65],
+                                             quick=[(BF16, 128, 65), (F32, 80, 5)]))
 def test_compaction_kernel_matches_reference(dtype, d, n):
     """One launch moves the accepted slots of every layer, request and head; overlapping source and
     destination ranges, padding by repeating the last pair, and rows past the batch left alone."""
@@ -113,8 +116,8 @@ def test_compaction_kernel_matches_reference(dtype, d, n):
     assert torch.equal(k, want_k) and torch.equal(v, want_v)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
-@pytest.mark.parametrize("hq, hkv, d", [(32, 32, 128), (32, 8, 128), (6, 2, 64)])
+@pytest.mark.parametrize("dtype, hq, hkv, d", grid([BF16, F16, F32], [(32, 32, 128), (32, 8, 128), (6, 2, 64)],
+                                                  quick=[(BF16, 32, 8, 128), (F32, 6, 2, 64)]))
 def test_rope_and_cache_write_kernel_matches_reference(dtype, hq, hkv, d):
     from engine.kernels import rope
 
@@ -139,8 +142,7 @@ def test_rope_and_cache_write_kernel_matches_reference(dtype, hq, hkv, d):
     assert torch.equal(cv.nan_to_num(7), wv.nan_to_num(7))
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
-@pytest.mark.parametrize("dim", [384, 4096, 5120])
+@pytest.mark.parametrize("dtype, dim", grid([BF16, F16, F32], [384, 4096, 5120], quick=[(BF16, 5120), (F32, 384)]))
 def test_norm_and_swiglu_kernels_match_references(dtype, dim):
     from engine.kernels import pointwise as pw
 
@@ -175,6 +177,7 @@ def test_engine_greedy_medusa_equals_ar_with_every_backend_in_fp32():
                 assert eng.generate(p, 64, mode="ar").token_ids == ar.token_ids, (backend, graphs)
 
 
+@QUICK
 def test_batched_triton_equals_single_sdpa():
     import engine
     from engine.prompts import heldout_prompts
@@ -187,9 +190,9 @@ def test_batched_triton_equals_single_sdpa():
     assert [r.token_ids for r in eng.generate(batch, 64, mode="ar")] == want
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("m", [1, 3, 16, 40, 64])
-@pytest.mark.parametrize("n, k", [(4096, 4096), (12288, 4096), (4096, 11008), (1000, 384), (256, 8192)])
+@pytest.mark.parametrize("dtype, m, n, k", grid([BF16, F16], [1, 3, 16, 40, 64],
+                                             [(4096, 4096), (12288, 4096), (4096, 11008), (1000, 384), (256, 8192)],
+                                             quick=[(BF16, 3, 4096, 4096), (F16, 40, 256, 8192)]))
 def test_skinny_gemm_matches_reference(dtype, m, n, k):
     """Both paths: one program per output block (large N) and split-K with atomics (small N)."""
     from engine.kernels import gemv

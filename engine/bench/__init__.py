@@ -37,14 +37,15 @@ def add_bench_arguments(p) -> None:
     add_model_arguments(p)
     add_prompt_set_arguments(p, count=12, offset=12)
     add_generation_arguments(p, exclude=("mode", "tree", "trace_file"))
-    p.add_argument("--trees", default="demo_tuned,chain_4,mc_sim_7b_63", help="e2e: comma-separated presets or files")
+    p.add_argument("--trees", default=None, help="e2e (default demo_tuned,chain_4,mc_sim_7b_63) and batch (default: "
+                   "a tree per --sizes entry): comma-separated presets or files")
     p.add_argument("--rounds", type=positive_int, default=3, help="e2e/latency: round-robin repeats")
     p.add_argument("--no-transformers", action="store_true", help="e2e: leave out the transformers peer")
     p.add_argument("--traced", action="store_true", help="e2e: also time traced runs (what the workbench runs)")
     p.add_argument("--traces", default=None, help="latency/batch: AR traces for the trees (default: chains)")
     p.add_argument("--sizes", type=_list, default=[4, 8, 12, 16, 24, 32, 48, 64], help="latency/batch: tree sizes")
     p.add_argument("--batches", type=_list, default=[1, 2, 4, 8], help="batch: batch sizes")
-    p.add_argument("--shapes", default="llama2-7b,llama3-8b", help="step: model shapes")
+    p.add_argument("--shapes", default="llama2-7b,llama3-8b", help="step: model shapes (llama2-7b, llama3-8b, smollm2-135m)")
     p.add_argument("--shape", default=None, help="e2e: a random-weight model of this shape (llama2-7b, llama3-8b) "
                    "with oracle drafts, instead of --model (CUDA)")
     p.add_argument("--prompt-len", type=positive_int, default=128, help="e2e --shape: random prompt tokens")
@@ -63,13 +64,14 @@ def run_bench(a) -> int:
     from ..prompts import prompt_set
     from .common import env, fit_prompts
 
+    tree_names = [t for t in (a.trees or "demo_tuned,chain_4,mc_sim_7b_63").split(",") if t]
     if a.part == "e2e" and a.shape:
         from .e2e import run_e2e_shape
 
         if not torch.cuda.is_available():
             raise ValueError("bench --part e2e --shape needs a CUDA device")
         cfg = config_from_arguments(a)
-        res = run_e2e_shape(a.shape, [t for t in a.trees.split(",") if t], a.prompts or 4, a.prompt_len,
+        res = run_e2e_shape(a.shape, tree_names, a.prompts or 4, a.prompt_len,
                             cfg.max_new_tokens, a.rounds, a.backend or "triton", bool(a.skinny_gemm),
                             a.dtype or "bfloat16")
         print(json.dumps({"part": "e2e", "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(),
@@ -108,12 +110,12 @@ def run_bench(a) -> int:
     elif a.part == "e2e":
         from .e2e import run_e2e
 
-        result.update(run_e2e(eng, prompts, cfg, [t for t in a.trees.split(",") if t], a.rounds,
+        result.update(run_e2e(eng, prompts, cfg, tree_names, a.rounds,
                               not a.no_transformers, a.traced))
     elif a.part == "batch":
         from .batch import run_batch
 
-        result.update(run_batch(eng, prompts, cfg, a.batches, a.sizes, a.traces))
+        result.update(run_batch(eng, prompts, cfg, a.batches, a.sizes, a.traces, tree_names if a.trees else None))
     else:
         from .latency import run_latency
 

@@ -1,5 +1,9 @@
 """bench --part batch: tokens/s of AR and Medusa at several batch sizes with trees of several sizes
-(verification competes with the batch for compute, so the best tree shrinks as the batch grows)."""
+(verification competes with the batch for compute, so the best tree shrinks as the batch grows).
+Every batch size decodes the same requests: the prompts (cycled up to a whole number of batches when
+there are fewer than a batch, or they do not divide into batches), in consecutive batches. Had batch
+b run only the first b prompts, batch 1 would measure one prompt and batch 32 another mix, and the
+sweep would compare prompts as much as batch sizes."""
 
 from __future__ import annotations
 
@@ -11,18 +15,28 @@ from ..generation import GenerationConfig
 
 
 def run_batch(eng, prompts: list[list[int]], cfg: GenerationConfig, batches: list[int], sizes: list[int],
-              traces: str | None) -> dict:
-    runs = trees.ar_runs(trees.read_runs(traces)) if traces else None
-    tree_of = {n: trees.best_tree(runs, n) if runs else trees.chain(min(n, eng.num_heads)) for n in sizes}
+              traces: str | None, tree_names: list[str] | None = None) -> dict:
+    """Trees by name (`--trees`: a model's shipped trees), else one per size: the best from AR traces
+    when given, else chains."""
+    if tree_names:
+        tree_of = {name: eng.resolve_tree(name) for name in tree_names}
+    else:
+        runs = trees.ar_runs(trees.read_runs(traces)) if traces else None
+        tree_of = {str(n): trees.best_tree(runs, n) if runs else trees.chain(min(n, eng.num_heads)) for n in sizes}
 
     def run(batch, c):
-        group = [prompts[i % len(prompts)] for i in range(batch)]
-        eng.generate(group, config=c)  # warm-up: every batch size the run passes through
-        t0 = time.perf_counter()
-        res = eng.generate(group, config=c)
-        wall = time.perf_counter() - t0
+        requests = [prompts[i % len(prompts)] for i in range(-(-max(len(prompts), batch) // batch) * batch)]
+        groups = [requests[i : i + batch] for i in range(0, len(requests), batch)]
+        eng.generate(groups[0], config=c)  # warm-up: every batch size the run passes through
+        wall, steps, res = 0.0, 0, []
+        for group in groups:
+            t0 = time.perf_counter()
+            out = eng.generate(group, config=c)
+            wall += time.perf_counter() - t0
+            steps += max(r.steps for r in out)
+            res += out
         tokens = sum(r.new_tokens for r in res)
-        return {"tokens": tokens, "steps": max(r.steps for r in res), "tokens_per_s": round(tokens / wall, 2),
+        return {"requests": len(res), "tokens": tokens, "steps": steps, "tokens_per_s": round(tokens / wall, 2),
                 "tokens_per_step_per_request": round(tokens / sum(r.steps for r in res), 3)}, [r.token_ids for r in res]
 
     rows = []
@@ -33,9 +47,10 @@ def run_batch(eng, prompts: list[list[int]], cfg: GenerationConfig, batches: lis
             m, m_out = run(b, cfg.replace(mode="medusa", tree=tree))
             m["speedup_vs_ar"] = round(m["tokens_per_s"] / ar["tokens_per_s"], 3)
             m["greedy_output_equals_ar"] = m_out == ar_out if cfg.accept == "greedy" else None
-            row["medusa"][str(n)] = m
+            row["medusa"][n] = m
         best = max(row["medusa"], key=lambda k: row["medusa"][k]["tokens_per_s"])
-        row["best_nodes"], row["best_speedup"] = int(best), row["medusa"][best]["speedup_vs_ar"]
+        row["best_tree"], row["best_nodes"] = best, len(tree_of[best])
+        row["best_speedup"] = row["medusa"][best]["speedup_vs_ar"]
         rows.append(row)
     crossover = next((r["batch"] for r in rows if r["best_speedup"] < 1.0), None)
-    return {"trees": {str(n): t for n, t in tree_of.items()}, "rows": rows, "first_batch_where_ar_wins": crossover}
+    return {"trees": tree_of, "rows": rows, "first_batch_where_ar_wins": crossover}

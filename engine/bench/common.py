@@ -5,8 +5,11 @@ from __future__ import annotations
 import math
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
+
+PROGRESS_S = 30.0  # seconds between round_robin's progress lines
 
 # two-sided 95 % Student t quantiles by degrees of freedom (1..30); beyond, the normal's 1.96
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
@@ -64,12 +67,17 @@ def round_robin(runners: dict[str, Callable[[object], tuple[list[int], int]]], p
                 sync: Callable[[], None] = lambda: None) -> dict[str, dict]:
     """Time each runner on every prompt, interleaved (round -> prompt -> runner), so a noisy
     neighbour slows every runner alike instead of whichever ran during it. A runner maps a prompt to
-    (output token ids, steps). -> per runner: totals, tokens/s per round, and the round-0 outputs."""
+    (output token ids, steps). -> per runner: totals, tokens/s per round, and the round-0 outputs.
+    A long run (a CPU table takes most of an hour) says on stderr where it is, every PROGRESS_S."""
     out = {name: {"tokens": 0, "steps": 0, "wall_s": 0.0, "round_tokens_per_s": [], "outputs": []} for name in runners}
+    said = time.perf_counter()
     for r in range(rounds):
         tok = dict.fromkeys(runners, 0)
         wall = dict.fromkeys(runners, 0.0)
-        for p in prompts:
+        for i, p in enumerate(prompts):
+            if time.perf_counter() - said > PROGRESS_S:
+                said = time.perf_counter()
+                print(f"bench: round {r + 1}/{rounds}, prompt {i + 1}/{len(prompts)}", file=sys.stderr, flush=True)
             for name, run in runners.items():
                 sync()
                 t0 = time.perf_counter()

@@ -1,8 +1,9 @@
 """bench --part step (CUDA): one decoding step at the Llama-2-7B (MHA) and Llama-3-8B (GQA, 128k
-vocabulary) shapes with random bf16 weights: our AR step and tree steps of 16/32/64 nodes (forward,
-lm_head, greedy verification, compaction, next heads) eager, replayed from a CUDA graph, and graphed
-with the fused kernels; against the weight-read floor and `transformers` generate on the same tensors.
-Our models are made by the engine's own factory (`loading.build_model` + `fill_model`)."""
+vocabulary) shapes, and at SmolLM2-135M's (30 thin layers: the launch-bound regime), with random bf16
+weights: our AR step and tree steps of 16/32/64 nodes (forward, lm_head, greedy verification,
+compaction, next heads) eager, replayed from a CUDA graph, and graphed with the fused kernels; against
+the weight-read floor and `transformers` generate on the same tensors. Our models are made by the
+engine's own factory (`loading.build_model` + `fill_model`)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ SHAPES = {
                       num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096),
     "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                       num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0),
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0),
 }
 TREE_SIZES = (16, 32, 64)
 HEAD_ACCURACY = [[0.6, 0.15, 0.08, 0.05, 0.03]] * 4  # shapes the benchmark trees (best-first under independence)
