@@ -1,7 +1,7 @@
 """Every figure and table format downloaded from the app in Chromium and opened the way a reader
 would: SVG parsed as XML, PNG by its signature and print size, HTML holding the plot, CSV through the
 csv module, JSON through json.loads refusing NaN. Also the screenshots of the model header, the
-run-vs-run view and the static-vs-dynamic comparison (docs/screens/). Skipped without Chromium."""
+run-vs-run view, the static-vs-dynamic comparison and a recorded batch sweep (docs/screens/). Skipped without Chromium."""
 
 import csv
 import io
@@ -128,6 +128,20 @@ def test_compare_rules_and_static_vs_dynamic_download(page):
     page.locator("#dyn-plot").scroll_into_view_if_needed()
     page.screenshot(path=str(SCREENS / "static_vs_dynamic.png"), full_page=True)
     check_figures(page, "dynamic", ["static_vs_dynamic"])
+
+
+def test_a_recorded_batch_sweep_shows_and_downloads(page):
+    page.get_by_role("tab", name="Compare").click()
+    page.locator("#sweep-btn").click()
+    page.wait_for_function("document.querySelector('#sweep-msg').innerText.includes('batch')", timeout=60_000)
+    msg = page.locator("#sweep-msg").inner_text()
+    assert "✗" not in msg and ("AR beats every tree" in msg or "a tree beats AR" in msg)
+    data = check_table(page, "batch_sweep", "batch")
+    assert [r["batch"] for r in data] == sorted(r["batch"] for r in data)
+    page.wait_for_timeout(1000)
+    page.locator("#sweep-plot").scroll_into_view_if_needed()
+    page.screenshot(path=str(SCREENS / "batch_sweep.png"), full_page=True)
+    check_figures(page, "sweep", ["batch_sweep"])
 
 
 def test_runs_side_by_side_and_their_figures(page):

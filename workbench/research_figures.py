@@ -1,11 +1,12 @@
-"""Figures of the research views: static vs dynamic trees (Compare) and two saved runs side by side
-(Runs). Kept apart from figures.py, which draws the Decode tab's live views."""
+"""Figures of the research views: static vs dynamic trees and recorded batch sweeps (Compare), and two
+saved runs side by side (Runs). Kept apart from figures.py, which draws the Decode tab's live views."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728")
 
@@ -59,4 +60,26 @@ def head_accuracy_over_time(runs: Sequence[tuple[str, Sequence[Sequence[float | 
                             line=dict(color=COLOURS[h % 4], dash="solid" if i == 0 else "dash"))
     fig.update_layout(title="per-head top-1 accuracy so far", xaxis_title="step", yaxis=dict(title="accuracy", range=[0, 1]),
                       height=340, margin=dict(l=50, r=20, t=50, b=40), legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def batch_sweep_figure(sweep: dict) -> go.Figure:
+    """A recorded batch sweep (workbench/sweeps.py): tokens/s of AR and each tree against the batch size,
+    and each tree over AR, with the break-even line: where Medusa stops paying."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens/s", "Medusa over our AR"))
+    b = sweep["batches"]
+    fig.add_scatter(x=b, y=sweep["ar"], name="our AR", mode="lines+markers", line=dict(color="#444"), row=1, col=1)
+    for i, (name, tps) in enumerate(sweep["trees"].items()):
+        c = COLOURS[i % 4]
+        short = name.rsplit("/", 1)[-1]
+        ratio = [None if v is None else v / a for v, a in zip(tps, sweep["ar"])]
+        fig.add_scatter(x=b, y=tps, name=short, mode="lines+markers", line=dict(color=c), legendgroup=short,
+                        row=1, col=1)
+        fig.add_scatter(x=b, y=ratio, name=short, mode="lines+markers", line=dict(color=c), legendgroup=short,
+                        showlegend=False, row=1, col=2)
+    fig.add_hline(y=1.0, line=dict(color="#888", dash="dash"), row=1, col=2)
+    fig.update_xaxes(title_text="batch size", type="log", tickvals=b, ticktext=[str(x) for x in b])
+    fig.update_yaxes(type="log", dtick=1, row=1, col=1)  # powers of ten: the minor labels crowd a short range
+    fig.update_layout(title=f"batch sweep: {sweep['title']}", height=380, margin=dict(l=50, r=20, t=70, b=40),
+                      legend=dict(orientation="h", y=-0.25))
     return fig

@@ -1,9 +1,12 @@
 """Compare: two trees (or AR against a tree) on the same prompts, and every registered acceptance rule side
-by side with their distance from the model's own sampling. Both jobs stop between decoding steps."""
+by side with their distance from the model's own sampling (both jobs stop between decoding steps); static
+against dynamic trees replayed on the session's traces; and a recorded batch sweep (where Medusa stops
+paying as the batch grows)."""
 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import gradio as gr
 
@@ -11,7 +14,7 @@ import trees
 from engine.accept import RULES
 from engine.prompts import Prompt
 
-from .. import research_figures
+from .. import research_figures, sweeps
 from ..core import MODEL_TREE, PROMPT_SOURCES, Workbench, each_prompt
 from ..page import ACCEPT_CHOICES, PRIVATE, Page
 from ..session import Session, Stopped, UserError, user_message, whole_number
@@ -175,6 +178,27 @@ class CompareTab:
         return rows, (f"{len(prompts)} prompts, {n_samples} samples each, first {prefix_tokens} tokens, "
                       f"T = {float(temperature)}; greedy ignores the temperature (it is exact for T = 0)")
 
+    @staticmethod
+    def batch_sweep(picked: object, uploaded: object) -> tuple[list[list], str, object]:
+        """A recorded `bench --part batch` file (an uploaded one, else one of the repository's) as a table
+        and a figure. -> (rows, message, figure or None)."""
+        recorded = sweeps.recorded_sweeps()
+        if uploaded:
+            path = uploaded
+        elif picked in recorded:  # only the listed files: the page's value could be any path
+            path = picked
+        else:
+            return [], "✗ pick a recorded sweep or upload a `python -m engine bench --part batch` JSON file", None
+        try:
+            sweep = sweeps.read_sweep(path)
+        except UserError as e:
+            return [], f"✗ {e}", None
+        rows = sweeps.sweep_rows(sweep)
+        losing = [str(r[0]) for r in rows if r[5] is not None and r[5] < 1]
+        verdict = (f"AR beats every tree at batch {', '.join(losing)}" if losing else
+                   "a tree beats AR at every batch size recorded")
+        return rows, f"{sweep['title']}: {verdict}", research_figures.batch_sweep_figure(sweep)
+
     # -- the page ----------------------------------------------------------------------------------
     def layout(self, page: Page) -> None:
         max_tokens = max(8, min(2048, self.wb.engine.max_seq_len - 16))
@@ -218,6 +242,19 @@ class CompareTab:
         page.table_downloads(self.dyn_table, DYNAMIC_HEADERS, "static_vs_dynamic")
         self.dyn_plot = gr.Plot(show_label=False, elem_id="dyn-plot")
         page.figure_exports({"static_vs_dynamic": self.dyn_plot}, "dynamic")
+        gr.Markdown("**Batch sweep** from a recorded `python -m engine bench --part batch` file: tokens/s of our "
+                    "AR and of each tree as the batch grows, and where Medusa stops paying.")
+        recorded = sweeps.recorded_sweeps()
+        with gr.Row():
+            self.sweep_pick = gr.Dropdown([(Path(p).name, p) for p in recorded], value=recorded[-1] if recorded else None,
+                                          label="recorded sweep", elem_id="sweep-pick")
+            self.sweep_file = gr.File(label="or a sweep file", file_types=[".json"], elem_id="sweep-file")
+            self.sweep_btn = gr.Button("Show sweep", elem_id="sweep-btn")
+        self.sweep_msg = gr.Markdown(elem_id="sweep-msg")
+        self.sweep_table = gr.Dataframe(headers=sweeps.SWEEP_HEADERS, interactive=False, elem_id="sweep-table")
+        page.table_downloads(self.sweep_table, sweeps.SWEEP_HEADERS, "batch_sweep")
+        self.sweep_plot = gr.Plot(show_label=False, elem_id="sweep-plot")
+        page.figure_exports({"batch_sweep": self.sweep_plot}, "sweep")
 
     def wire(self, page: Page) -> None:
         def compare(a, b, text, source, ptext, file, n, tokens, acc, temp, sd, request: gr.Request,
@@ -248,3 +285,10 @@ class CompareTab:
 
         self.dyn_btn.click(dynamic, self.dyn_sizes, [self.dyn_table, self.dyn_msg, self.dyn_plot], concurrency_limit=1,
                            concurrency_id="replay", **PRIVATE)
+
+        def sweep(picked, uploaded):
+            rows, msg, fig = self.batch_sweep(picked, uploaded)
+            return rows, msg, fig if fig is not None else gr.update()
+
+        self.sweep_btn.click(sweep, [self.sweep_pick, self.sweep_file], [self.sweep_table, self.sweep_msg,
+                                                                         self.sweep_plot], **PRIVATE)
