@@ -30,18 +30,22 @@ from engine.train.heads import (
 )
 
 
-def random_heads(k=3, layers=2, dim=16, seed=0):
+def random_heads(k=3, layers=2, dim=16, seed=0, vocab=None):
     torch.manual_seed(seed)
-    h = MedusaHeads(k, layers, dim, None)
+    h = MedusaHeads(k, layers, dim, vocab)
     with torch.no_grad():
         h.weight.normal_(0, 0.2)
         h.bias.normal_(0, 0.2)
+        if vocab is not None:
+            h.proj.normal_(0, 0.3)
     return h
 
 
-def test_chunked_loss_equals_the_whole_loss_and_gradient():
+@pytest.mark.parametrize("own_proj", [False, True], ids=["shared-lm-head", "own-projection"])
+def test_chunked_loss_equals_the_whole_loss_and_gradient(own_proj):
     """Chunking changes only how much is held at once: loss, per-head losses, hits and the heads'
-    gradients equal one unchunked pass over [K, N, V] logits."""
+    gradients (their own vocabulary projections' too, when they have them) equal one unchunked pass
+    over [K, N, V] logits."""
     k, n, dim, vocab = 3, 37, 16, 23
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(n, dim, generator=g)
@@ -49,11 +53,11 @@ def test_chunked_loss_equals_the_whole_loss_and_gradient():
     labels = torch.randint(0, vocab, (k, n), generator=g)
     labels[1, -3:] = IGNORE
     labels[2, -6:] = IGNORE
-    whole = random_heads(k, dim=dim)
+    whole = random_heads(k, dim=dim, vocab=vocab if own_proj else None)
     logits = whole(hidden, lm_head)  # [K, N, V]
     ref = sum(DECAY**i * F.cross_entropy(logits[i], labels[i], ignore_index=IGNORE) for i in range(k))
     ref.backward()
-    chunked = random_heads(k, dim=dim)
+    chunked = random_heads(k, dim=dim, vocab=vocab if own_proj else None)
     loss, per_head, top1, top5 = chunked_head_loss(chunked, lm_head, hidden, labels, chunk=5)
     assert loss == pytest.approx(ref.item(), rel=1e-5)
     for i in range(k):
@@ -64,6 +68,8 @@ def test_chunked_loss_equals_the_whole_loss_and_gradient():
         assert int(top5[i]) == int(((best == labels[i][:, None]).any(-1) & valid).sum())
     assert torch.allclose(chunked.weight.grad, whole.weight.grad, atol=1e-5)
     assert torch.allclose(chunked.bias.grad, whole.bias.grad, atol=1e-5)
+    if own_proj:
+        assert torch.allclose(chunked.proj.grad, whole.proj.grad, atol=1e-5)
 
 
 def test_head_targets_use_model_written_positions_only():
@@ -175,6 +181,23 @@ def test_train_heads_learns_resumes_and_stops_on_sigterm(tmp_path, llama_dir):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     resumed = json.loads(done.stdout)
     assert resumed["finished"] and resumed["steps"] > stopped["steps"] and "resumed from" in done.stderr
+
+
+def test_heads_with_their_own_projection_train_it_and_save_it(tmp_path, llama_dir):
+    """`--private-proj`: each head starts from a copy of the base lm_head (Medusa's initialisation)
+    and its projection learns; the file is FasterDecoding's layout and loads as such."""
+    rng = np.random.default_rng(1)
+    motif = rng.integers(1, VOCAB, size=30).tolist()
+    seqs = Sequences.from_list([motif[i % 5:] + motif for i in range(30)], [2] * 30)
+    out = tmp_path / "own.safetensors"
+    train_heads(str(llama_dir), seqs, seqs.subset(np.arange(3)), str(out), num_heads=2, shared_lm_head=False,
+                epochs=2, batch_tokens=600, lr=3e-3, eval_every=10_000, device="cpu", log=lambda *_: None)
+    eng = engine.load(llama_dir, heads=out, device="cpu")
+    lm_head = eng.model.lm_head.weight
+    assert eng.heads.proj is not None and eng.heads.proj.shape == (2, *lm_head.shape)
+    for k in range(2):
+        moved = (eng.heads.proj[k].float() - lm_head.float()).abs().max().item()
+        assert moved > 1e-3, (k, moved)  # trained, not the initial copy (fp16 storage alone moves it ~1e-4)
 
 
 def test_cached_hidden_states_equal_a_forward_per_batch(llama_dir):

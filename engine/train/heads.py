@@ -63,7 +63,8 @@ def head_targets(tokens: torch.Tensor, lengths: torch.Tensor, starts: torch.Tens
 def chunked_head_loss(heads: MedusaHeads, lm_head: torch.Tensor, hidden: torch.Tensor, labels: torch.Tensor,
                       chunk: int = CHUNK, train: bool = True) -> tuple[float, list[float], torch.Tensor, torch.Tensor]:
     """Medusa's loss sum_k 0.8^k CE_k over hidden [N, d] and labels [K, N], back-propagated into the
-    heads when `train`, never holding more than [chunk, V] logits.
+    heads when `train`, never holding more than [chunk, V] logits. Head k projects through its own
+    vocabulary matrix when it has one (`heads.proj[k]`, trained with it), else through the shared `lm_head`.
     -> (loss, per-head losses, per-head top-1 hits [K], per-head top-5 hits [K]); counts: labels != IGNORE."""
     feats = heads.hidden(hidden)  # [K, N, d] (the ResBlocks, with their graph)
     work = feats.detach().requires_grad_(train)
@@ -76,7 +77,8 @@ def chunked_head_loss(heads: MedusaHeads, lm_head: torch.Tensor, hidden: torch.T
         for lo in range(0, n, chunk):
             y = labels[k, lo : lo + chunk]
             with torch.set_grad_enabled(train):
-                logits = (work[k, lo : lo + chunk] @ lm_head.t()).float()  # [chunk, V]
+                proj = lm_head if heads.proj is None else heads.proj[k]
+                logits = (work[k, lo : lo + chunk] @ proj.t()).float()  # [chunk, V]
                 ce = F.cross_entropy(logits, y, ignore_index=IGNORE, reduction="sum") / counts[k]
                 if train:
                     (DECAY**k * ce).backward()
