@@ -37,6 +37,16 @@ def test_files_from_before_named_trees_key_them_by_node_count(tmp_path):
     assert CompareTab.batch_sweep(None, f)[1].endswith("a tree beats AR at every batch size recorded")
 
 
+def test_a_batch_size_without_any_tree_is_not_counted_as_a_win(tmp_path):
+    """A tree missing at some batch size (or a sweep of AR only) says so, not that a tree beat AR there."""
+    f = sweep_file(tmp_path / "gap.json", [row(1, 100.0, a=150.0), row(2, 200.0), row(4, 300.0, a=250.0)])
+    rows, msg, _ = CompareTab.batch_sweep(None, f)
+    assert [r[3] for r in rows] == ["a", None, "a"]
+    assert msg.endswith("AR beats every tree at batch 4; no tree was run at batch 2"), msg
+    f = sweep_file(tmp_path / "ar_only.json", [row(1, 100.0), row(2, 200.0)])
+    assert CompareTab.batch_sweep(None, f)[1].endswith("no tree was run at batch 1, 2")
+
+
 def test_bad_sweeps_are_refused_in_one_line(tmp_path):
     (tmp_path / "text.json").write_text("not json")
     cases = {
