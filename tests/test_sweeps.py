@@ -55,6 +55,13 @@ def test_bad_sweeps_are_refused_in_one_line(tmp_path):
         sweep_file(tmp_path / "noar.json", [{"batch": 1, "medusa": {}}]): "lacks a field",
         sweep_file(tmp_path / "dup.json", [row(2, 1.0), row(2, 2.0)]): "distinct",
         sweep_file(tmp_path / "zero.json", [row(1, 0.0, a=1.0)]): "positive",
+        sweep_file(tmp_path / "inf_ar.json", [row(1, float("inf"), a=1.0)]): "finite",  # Infinity or 1e999
+        sweep_file(tmp_path / "inf_tree.json", [row(1, 1.0, a=float("inf"))]): "finite",
+        sweep_file(tmp_path / "inf_batch.json", [row(float("inf"), 1.0)]): "whole number",
+        sweep_file(tmp_path / "part_batch.json", [row(1.7, 1.0)]): "whole number",  # not read as batch 1
+        sweep_file(tmp_path / "huge_batch.json", [row(2**70, 1.0, a=2.0)]): "at most",  # past plotly's 64-bit ints
+        sweep_file(tmp_path / "odd_requests.json", [{**row(1, 1.0), "ar": {"tokens_per_s": 1.0, "requests": {}}}]):
+            "requests",
         str(tmp_path / "missing.json"): "no such file",
     }
     for path, why in cases.items():
