@@ -19,13 +19,26 @@ VOCAB = 97
 QUICK = pytest.mark.gpu_quick  # the GPU set that fits a few minutes of one device call (-m gpu_quick)
 
 
+DTYPE_IDS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
 def grid(*axes, quick=()) -> list:
     """Every combination of the axes as pytest params, for one parametrize over all the names (an axis
     whose values are tuples gives one name per element); the combinations listed flat in `quick` also
     belong to the gpu_quick set. (Marking one value of one axis would take in every combination
-    holding it.)"""
+    holding it.) A `quick` entry that is no combination is an error: a typo would shrink the set unseen."""
     combos = [tuple(x for v in c for x in (v if isinstance(v, tuple) else (v,))) for c in itertools.product(*axes)]
-    return [pytest.param(*c, marks=QUICK if c in quick else ()) for c in combos]
+    stray = [q for q in quick if q not in combos]
+    if stray:
+        raise ValueError(f"gpu_quick combinations not in the grid: {stray}")
+    return [pytest.param(*c, marks=QUICK if c in quick else (), id="-".join(map(_param_id, c))) for c in combos]
+
+
+def _param_id(value) -> str:
+    """A value as a readable part of a test id (left to pytest, a dtype or tuple is only numbered: dtype78)."""
+    if isinstance(value, tuple):
+        return "_".join(map(str, value))
+    return DTYPE_IDS.get(value, str(value)) if isinstance(value, torch.dtype) else str(value)
 
 
 def make_hf_model(path, kind: str = "llama", n_kv: int = 2, tied: bool = False, seed: int = 0, ctx: int = 256):

@@ -37,6 +37,16 @@ def test_files_from_before_named_trees_key_them_by_node_count(tmp_path):
     assert CompareTab.batch_sweep(None, f)[1].endswith("a tree beats AR at every batch size recorded")
 
 
+def test_a_batch_size_without_any_tree_is_not_counted_as_a_win(tmp_path):
+    """A tree missing at some batch size (or a sweep of AR only) says so, not that a tree beat AR there."""
+    f = sweep_file(tmp_path / "gap.json", [row(1, 100.0, a=150.0), row(2, 200.0), row(4, 300.0, a=250.0)])
+    rows, msg, _ = CompareTab.batch_sweep(None, f)
+    assert [r[3] for r in rows] == ["a", None, "a"]
+    assert msg.endswith("AR beats every tree at batch 4; no tree was run at batch 2"), msg
+    f = sweep_file(tmp_path / "ar_only.json", [row(1, 100.0), row(2, 200.0)])
+    assert CompareTab.batch_sweep(None, f)[1].endswith("no tree was run at batch 1, 2")
+
+
 def test_bad_sweeps_are_refused_in_one_line(tmp_path):
     (tmp_path / "text.json").write_text("not json")
     cases = {
@@ -45,6 +55,13 @@ def test_bad_sweeps_are_refused_in_one_line(tmp_path):
         sweep_file(tmp_path / "noar.json", [{"batch": 1, "medusa": {}}]): "lacks a field",
         sweep_file(tmp_path / "dup.json", [row(2, 1.0), row(2, 2.0)]): "distinct",
         sweep_file(tmp_path / "zero.json", [row(1, 0.0, a=1.0)]): "positive",
+        sweep_file(tmp_path / "inf_ar.json", [row(1, float("inf"), a=1.0)]): "finite",  # Infinity or 1e999
+        sweep_file(tmp_path / "inf_tree.json", [row(1, 1.0, a=float("inf"))]): "finite",
+        sweep_file(tmp_path / "inf_batch.json", [row(float("inf"), 1.0)]): "whole number",
+        sweep_file(tmp_path / "part_batch.json", [row(1.7, 1.0)]): "whole number",  # not read as batch 1
+        sweep_file(tmp_path / "huge_batch.json", [row(2**70, 1.0, a=2.0)]): "at most",  # past plotly's 64-bit ints
+        sweep_file(tmp_path / "odd_requests.json", [{**row(1, 1.0), "ar": {"tokens_per_s": 1.0, "requests": {}}}]):
+            "requests",
         str(tmp_path / "missing.json"): "no such file",
     }
     for path, why in cases.items():

@@ -5,6 +5,7 @@ Anything else is refused in one line naming what is missing, before a figure is 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from trees.io import JsonInputError, read_json_file
@@ -13,6 +14,7 @@ from .session import UserError
 
 RECORDED_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
 SWEEP_HEADERS = ["batch", "requests", "AR tokens/s", "best tree", "best tokens/s", "best over AR"]
+MAX_BATCH = 2**20  # far past any batch run; plotly's JSON cannot carry an integer past 64 bits
 
 
 def recorded_sweeps(folder: Path = RECORDED_DIR) -> list[str]:
@@ -21,8 +23,8 @@ def recorded_sweeps(folder: Path = RECORDED_DIR) -> list[str]:
 
 
 def read_sweep(path: str | Path) -> dict:
-    """The sweep in `path`, checked: -> {"title", "batches", "ar": [tokens/s], "trees": {name: [tokens/s]}}.
-    A tree missing at some batch size gets None there."""
+    """The sweep in `path`, checked: -> {"title", "batches", "ar": [tokens/s], "trees": {name: [tokens/s]},
+    "requests": [count or None]}. A tree missing at some batch size gets None there."""
     name = Path(path).name
     try:
         data = read_json_file(path)
@@ -32,21 +34,38 @@ def read_sweep(path: str | Path) -> dict:
     if not isinstance(rows, list) or not rows:
         raise UserError(f"{name}: not a batch sweep (no 'rows'; write one with python -m engine bench --part batch)")
     try:
-        rows = sorted(rows, key=lambda r: int(r["batch"]))
-        batches = [int(r["batch"]) for r in rows]
+        rows = sorted(rows, key=_batch)
+        batches = [_batch(r) for r in rows]
         ar = [float(r["ar"]["tokens_per_s"]) for r in rows]
+        requests = [_requests(r["ar"].get("requests")) for r in rows]
         keys = list(dict.fromkeys(str(t) for r in rows for t in r["medusa"]))
         trees = {_tree_name(t): [_tokens_per_s(r["medusa"].get(t)) for r in rows] for t in keys}
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise UserError(f"{name}: a row of this batch sweep lacks a field or has a wrong one ({type(e).__name__}: {e})"
                         ) from None
-    if len(set(batches)) != len(batches) or min(batches) < 1:
-        raise UserError(f"{name}: batch sizes must be distinct and at least 1, got {batches}")
-    if any(not v > 0 for v in ar) or any(v is not None and not v > 0 for vs in trees.values() for v in vs):
-        raise UserError(f"{name}: every tokens/s must be a positive number")
+    if len(set(batches)) != len(batches) or min(batches) < 1 or max(batches) > MAX_BATCH:
+        raise UserError(f"{name}: batch sizes must be distinct, at least 1 and at most {MAX_BATCH}, got {batches}")
+    if any(not 0 < v < math.inf for v in ar) or any(v is not None and not 0 < v < math.inf for vs in trees.values() for v in vs):
+        raise UserError(f"{name}: every tokens/s must be a positive finite number")
     what = ", ".join(str(data[k]) for k in ("model", "device", "dtype", "date") if data.get(k))
     return {"title": f"{name}" + (f" ({what})" if what else ""), "batches": batches, "ar": ar, "trees": trees,
-            "requests": [r["ar"].get("requests") for r in rows]}
+            "requests": requests}
+
+
+def _batch(row: dict) -> int:
+    """A row's batch size, a JSON integer: int() would read 1.7 as batch 1 and fail on Infinity with an
+    OverflowError that the caller does not expect."""
+    b = row["batch"]
+    if type(b) is not int:
+        raise ValueError(f"batch {b!r} is not a whole number")
+    return b
+
+
+def _requests(n: object) -> int | None:
+    """How many requests a batch size decoded (files written before they all decoded the same have none)."""
+    if n is not None and type(n) is not int:
+        raise ValueError(f"requests {n!r} is not a whole number")
+    return n
 
 
 def _tree_name(key: str) -> str:

@@ -1,12 +1,15 @@
 """bench --part batch: tokens/s of AR and Medusa at several batch sizes with trees of several sizes
 (verification competes with the batch for compute, so the best tree shrinks as the batch grows).
-Every batch size decodes the same requests: the prompts (cycled up to a whole number of batches when
-there are fewer than a batch, or they do not divide into batches), in consecutive batches. Had batch
-b run only the first b prompts, batch 1 would measure one prompt and batch 32 another mix, and the
-sweep would compare prompts as much as batch sizes."""
+Every batch size decodes the same mix of requests: each prompt lcm(prompts, b) / prompts times, in
+consecutive batches of b. Had batch b run only the first b prompts, batch 1 would measure one prompt
+and batch 32 another mix, and the sweep would compare prompts as much as batch sizes; cycling the
+prompts only up to a whole number of batches would still run some twice and others once (12 prompts
+in batches of 8). The cost is b / gcd(prompts, b) passes over the prompts: one pass when b divides
+the prompt count, one batch when the prompt count divides b."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import trees
@@ -25,7 +28,7 @@ def run_batch(eng, prompts: list[list[int]], cfg: GenerationConfig, batches: lis
         tree_of = {str(n): trees.best_tree(runs, n) if runs else trees.chain(min(n, eng.num_heads)) for n in sizes}
 
     def run(batch, c):
-        requests = [prompts[i % len(prompts)] for i in range(-(-max(len(prompts), batch) // batch) * batch)]
+        requests = [prompts[i % len(prompts)] for i in range(math.lcm(len(prompts), batch))]
         groups = [requests[i : i + batch] for i in range(0, len(requests), batch)]
         eng.generate(groups[0], config=c)  # warm-up: every batch size the run passes through
         wall, steps, res = 0.0, 0, []

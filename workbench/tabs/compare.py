@@ -195,8 +195,10 @@ class CompareTab:
             return [], f"✗ {e}", None
         rows = sweeps.sweep_rows(sweep)
         losing = [str(r[0]) for r in rows if r[5] is not None and r[5] < 1]
-        verdict = (f"AR beats every tree at batch {', '.join(losing)}" if losing else
-                   "a tree beats AR at every batch size recorded")
+        untried = [str(r[0]) for r in rows if r[5] is None]  # no tree there: neither a win nor a loss
+        said = ([f"AR beats every tree at batch {', '.join(losing)}"] if losing else []) + (
+            [f"no tree was run at batch {', '.join(untried)}"] if untried else [])
+        verdict = "; ".join(said) or "a tree beats AR at every batch size recorded"
         return rows, f"{sweep['title']}: {verdict}", research_figures.batch_sweep_figure(sweep)
 
     # -- the page ----------------------------------------------------------------------------------
