@@ -76,3 +76,11 @@ def test_only_the_listed_recorded_sweeps_can_be_picked(tmp_path):
     for recorded in sweeps.recorded_sweeps():  # the repository's own files read and draw
         rows, msg, fig = CompareTab.batch_sweep(recorded, None)
         assert rows and fig is not None, msg
+
+
+def test_the_files_words_stay_on_one_line_and_same_named_trees_keep_their_paths(tmp_path):
+    f = sweep_file(tmp_path / "w.json", [row(1, 100.0, **{"a/tree_64.json": 150.0, "b/tree_64.json": 140.0})],
+                   device="H200\n# heading\n\n" + "x" * 500)
+    rows, msg, fig = CompareTab.batch_sweep(None, f)
+    assert "\n" not in msg and "H200 # heading" in msg and "x" * 81 not in msg
+    assert [t.name for t in fig.data[1::2]] == ["a/tree_64.json", "b/tree_64.json"]

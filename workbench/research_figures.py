@@ -69,9 +69,11 @@ def batch_sweep_figure(sweep: dict) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens/s", "Medusa over our AR"))
     b = sweep["batches"]
     fig.add_scatter(x=b, y=sweep["ar"], name="our AR", mode="lines+markers", line=dict(color="#444"), row=1, col=1)
+    shorts = [name.rsplit("/", 1)[-1] for name in sweep["trees"]]
+    unique = len(set(shorts)) == len(shorts)  # two folders' tree_64.json keep their paths, or they share a legend entry
     for i, (name, tps) in enumerate(sweep["trees"].items()):
         c = COLOURS[i % 4]
-        short = name.rsplit("/", 1)[-1]
+        short = shorts[i] if unique else name
         ratio = [None if v is None else v / a for v, a in zip(tps, sweep["ar"])]
         fig.add_scatter(x=b, y=tps, name=short, mode="lines+markers", line=dict(color=c), legendgroup=short,
                         row=1, col=1)

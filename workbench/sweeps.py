@@ -18,7 +18,7 @@ MAX_BATCH = 2**20  # far past any batch run; plotly's JSON cannot carry an integ
 
 
 def recorded_sweeps(folder: Path = RECORDED_DIR) -> list[str]:
-    """The batch sweeps recorded in the repository (`benchmarks/*batch*.json`), newest name last."""
+    """The batch sweeps recorded in the repository (`benchmarks/*batch*.json`), sorted by name."""
     return sorted(str(p) for p in folder.glob("*batch*.json")) if folder.is_dir() else []
 
 
@@ -47,7 +47,8 @@ def read_sweep(path: str | Path) -> dict:
         raise UserError(f"{name}: batch sizes must be distinct, at least 1 and at most {MAX_BATCH}, got {batches}")
     if any(not 0 < v < math.inf for v in ar) or any(v is not None and not 0 < v < math.inf for vs in trees.values() for v in vs):
         raise UserError(f"{name}: every tokens/s must be a positive finite number")
-    what = ", ".join(str(data[k]) for k in ("model", "device", "dtype", "date") if data.get(k))
+    # the file's own words go into a one-line Markdown message: whitespace collapsed, at most 80 characters each
+    what = ", ".join(" ".join(str(data[k]).split())[:80] for k in ("model", "device", "dtype", "date") if data.get(k))
     return {"title": f"{name}" + (f" ({what})" if what else ""), "batches": batches, "ar": ar, "trees": trees,
             "requests": requests}
 

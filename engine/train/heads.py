@@ -68,6 +68,9 @@ def chunked_head_loss(heads: MedusaHeads, lm_head: torch.Tensor, hidden: torch.T
     -> (loss, per-head losses, per-head top-1 hits [K], per-head top-5 hits [K]); counts: labels != IGNORE."""
     feats = heads.hidden(hidden)  # [K, N, d] (the ResBlocks, with their graph)
     work = feats.detach().requires_grad_(train)
+    # each head's own projection as a leaf of its own: indexing heads.proj inside the loop would give every
+    # chunk's backward a full [K, V, d] gradient to add; these gather [V, d] each, handed over once at the end
+    own = None if heads.proj is None else [p.detach().requires_grad_(train) for p in heads.proj]
     k_heads, n = labels.shape
     counts = (labels != IGNORE).sum(-1).clamp(min=1)
     losses = torch.zeros(k_heads, device=hidden.device)
@@ -77,7 +80,7 @@ def chunked_head_loss(heads: MedusaHeads, lm_head: torch.Tensor, hidden: torch.T
         for lo in range(0, n, chunk):
             y = labels[k, lo : lo + chunk]
             with torch.set_grad_enabled(train):
-                proj = lm_head if heads.proj is None else heads.proj[k]
+                proj = lm_head if own is None else own[k]
                 logits = (work[k, lo : lo + chunk] @ proj.t()).float()  # [chunk, V]
                 ce = F.cross_entropy(logits, y, ignore_index=IGNORE, reduction="sum") / counts[k]
                 if train:
@@ -90,6 +93,8 @@ def chunked_head_loss(heads: MedusaHeads, lm_head: torch.Tensor, hidden: torch.T
                 top5[k] += ((best == y[:, None]).any(-1) & valid).sum()
     if train:
         feats.backward(work.grad)
+        if own is not None:
+            heads.proj.backward(torch.stack([p.grad for p in own]))
     total = sum(DECAY**k * float(losses[k]) for k in range(k_heads))
     return total, losses.tolist(), top1, top5
 
