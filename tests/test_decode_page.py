@@ -130,3 +130,16 @@ def test_every_event_that_draws_a_steps_figures_waits_its_turn(wb):
     redraws = [fn for fn in draws if fn.name == "redraw"]
     assert {elem.get(target) for fn in redraws for target, _ in fn.targets} == views
     assert all(fn.trigger_mode == "always_last" for fn in redraws)
+
+
+def test_a_draw_uses_the_view_the_user_set_last_not_the_one_it_was_sent_with():
+    """A run's closing figures are sent with the view controls' values as the run ends; a user's input
+    after that must win when they are drawn after it (CI once saw 41 of 255 nodes drawn after 'show
+    every node' was ticked)."""
+    from workbench.session import Session
+    from workbench.tabs.decode import tree_view
+
+    s = Session("view")
+    assert tree_view(s, 0.05, False, ["[0]"]) == figures.TreeView(0.05, False, frozenset({(0,)}))
+    s.tree_view = (0.1, True)  # what the user's last prune / show-every-node input set
+    assert tree_view(s, 0.02, False, ["[0]"]) == figures.TreeView(0.1, True, frozenset({(0,)}))

@@ -145,6 +145,7 @@ class Session:
     jobs: int = 0  # jobs running now: while > 0 the session is never forgotten
     waiting: bool = False  # a job's button was clicked and its job has not started (nor failed before starting)
     playing: bool = False  # the Decode tab's playback is on (its timer's ticks advance the step)
+    tree_view: tuple[float, bool] | None = None  # Decode's prune and show-every-node as the user last set them
     closed: bool = False  # its client went away
 
     def check_stop(self) -> None:

@@ -36,6 +36,20 @@ FIGURES_QUEUE = "decode-figures"
 DRAWS = dict(concurrency_limit=1, concurrency_id=FIGURES_QUEUE, **PRIVATE)
 
 
+def tree_view(session: Session, prune_v, show, collapsed) -> figures.TreeView:
+    """The view a Decode draw uses: prune and show-every-node as the user last set them, when they have
+    (a draw can run after a later input than the one whose values it was sent with: the run's closing
+    figures, sent as the run ended, drew the tree collapsed again after "show every node" was ticked),
+    else as sent; the collapse list as sent."""
+    if session.tree_view is not None:
+        prune_v, show = session.tree_view
+    try:
+        paths = frozenset(tuple(json.loads(c)) for c in (collapsed or []))
+    except (ValueError, TypeError):
+        paths = frozenset()
+    return figures.TreeView(float(prune_v or 0), bool(show), paths)
+
+
 def example_prompt() -> str:
     """The README's CLI prompt, so the app and `python -m engine generate` start in the same place."""
     return "def read_config(path):"
@@ -308,13 +322,6 @@ class DecodeTab:
         # figures with nothing collapsed: they read the other view controls only
         fresh_view_in = [self.prune, self.show_all]
 
-        def view_of(prune_v, show, collapsed) -> figures.TreeView:
-            try:
-                paths = frozenset(tuple(json.loads(c)) for c in (collapsed or []))
-            except (ValueError, TypeError):
-                paths = frozenset()
-            return figures.TreeView(float(prune_v or 0), bool(show), paths)
-
         def decode_stream(prompt, tree_choice, editor_text, mode, accept, temperature, top_p, seed, max_new,
                           request: gr.Request):
             session = page.session(request)
@@ -341,7 +348,7 @@ class DecodeTab:
             if str(stats).startswith(FAILED) or run is None or not run.traces:
                 return (skip,) * 6
             last = len(run.traces) - 1
-            tree_fig, head_fig, table = self.step_view(session, last, view_of(prune_v, show, None))
+            tree_fig, head_fig, table = self.step_view(session, last, tree_view(session, prune_v, show, None))
             run_fig, heat_fig, calib_fig = self.run_figures(session, last)
             tree_fig = self.shown_tree(tree_fig, session)
             return (tree_fig if tree_fig is not None else skip, head_fig if head_fig is not None else skip, table,
@@ -358,7 +365,8 @@ class DecodeTab:
         select_out = [self.tree_plot, self.head_plot, self.node_table, self.run_plot, self.out_html, self.step]
 
         def select(s, prune_v, show, collapsed, request: gr.Request):
-            shown = self.select(page.session(request), s, view_of(prune_v, show, collapsed))
+            session = page.session(request)
+            shown = self.select(session, s, tree_view(session, prune_v, show, collapsed))
             return (skip,) * 6 if shown is None else shown[:5] + (gr.update(value=shown[5]),)
 
         self.step.release(select, [self.step] + view_in, select_out, **DRAWS)
@@ -373,13 +381,18 @@ class DecodeTab:
 
         def redraw(s, prune_v, show, collapsed, request: gr.Request):
             session = page.session(request)
-            tree_fig, _, _ = self.step_view(session, s, view_of(prune_v, show, collapsed))
+            tree_fig, _, _ = self.step_view(session, s, tree_view(session, prune_v, show, collapsed))
             return self.shown_tree(tree_fig, session) if tree_fig is not None else skip
+
+        def view_input(s, prune_v, show, collapsed, request: gr.Request):
+            """A user's prune or show-every-node input: remembered as the view every later draw uses."""
+            page.session(request).tree_view = (float(prune_v or 0), bool(show))
+            return redraw(s, prune_v, show, collapsed, request)
 
         # a user's input, not any change: a value the server sets draws nothing; always_last: the last value of a
         # drag or of quick toggles is drawn (input's default, "once", drops inputs that come while one is drawn)
         for c in (self.prune, self.show_all):
-            c.input(redraw, [self.step] + view_in, self.tree_plot, trigger_mode="always_last", **DRAWS)
+            c.input(view_input, [self.step] + view_in, self.tree_plot, trigger_mode="always_last", **DRAWS)
         # the collapse list on change: its clear button and Backspace send no input event. A run's end empties it
         # and so draws the tree once more, queued before the closing figures in the same group
         self.collapse.change(redraw, [self.step] + view_in, self.tree_plot, trigger_mode="always_last", **DRAWS)
@@ -408,7 +421,7 @@ class DecodeTab:
             if msg.startswith("✗") or run is None:
                 return (msg,) + (skip,) * (11 + len(restore_out))
             last = len(run.traces) - 1
-            tree_fig, head_fig, table = self.step_view(session, last, view_of(prune_v, show, None))
+            tree_fig, head_fig, table = self.step_view(session, last, tree_view(session, prune_v, show, None))
             tree_fig = self.shown_tree(tree_fig, session)
             run_fig, heat_fig, calib_fig = self.run_figures(session, last)
             d = self.wb.store.run_dir(run.run_id)
