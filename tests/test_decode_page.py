@@ -118,7 +118,7 @@ def test_every_event_that_draws_a_steps_figures_waits_its_turn(wb):
     app = build_app(wb)
     draws = [fn for fn in app.fns.values() if plots & {getattr(o, "elem_id", None) for o in fn.outputs}]
     names = {fn.name for fn in draws}
-    assert {"closing_figures", "redraw", "select", "tick", "load_run"} <= names, names
+    assert {"closing_figures", "redraw", "view_input", "select", "tick", "load_run"} <= names, names
     assert [(fn.name, fn.concurrency_id, fn.concurrency_limit) for fn in draws
             if (fn.concurrency_id, fn.concurrency_limit) != (FIGURES_QUEUE, 1)] == []
     # a value the server sets draws nothing, except the collapse list (its clear button sends no input event);
@@ -127,8 +127,10 @@ def test_every_event_that_draws_a_steps_figures_waits_its_turn(wb):
     elem = {i: getattr(block, "elem_id", None) for i, block in app.blocks.items()}  # targets name blocks by id
     on_change = [(fn.name, elem.get(target)) for fn in draws for target, event in fn.targets if event == "change"]
     assert [(name, elem) for name, elem in on_change if elem != "collapse"] == []
-    redraws = [fn for fn in draws if fn.name == "redraw"]
+    redraws = [fn for fn in draws if fn.name in ("redraw", "view_input")]
     assert {elem.get(target) for fn in redraws for target, _ in fn.targets} == views
+    # the user's prune and show-every-node inputs go through view_input, which remembers them for later draws
+    assert {elem.get(t) for fn in redraws if fn.name == "view_input" for t, _ in fn.targets} == {"prune", "show-all"}
     assert all(fn.trigger_mode == "always_last" for fn in redraws)
 
 
