@@ -53,20 +53,21 @@ def read_sweep(path: str | Path) -> dict:
             "requests": requests}
 
 
+def _json_int(value: object, what: str) -> int:
+    """A count the file must hold as a JSON integer: int() would read a batch of 1.7 as 1 and fail on
+    Infinity with an OverflowError that the caller does not expect."""
+    if type(value) is not int:
+        raise ValueError(f"{what} {value!r} is not a whole number")
+    return value
+
+
 def _batch(row: dict) -> int:
-    """A row's batch size, a JSON integer: int() would read 1.7 as batch 1 and fail on Infinity with an
-    OverflowError that the caller does not expect."""
-    b = row["batch"]
-    if type(b) is not int:
-        raise ValueError(f"batch {b!r} is not a whole number")
-    return b
+    return _json_int(row["batch"], "batch")
 
 
 def _requests(n: object) -> int | None:
     """How many requests a batch size decoded (files written before they all decoded the same have none)."""
-    if n is not None and type(n) is not int:
-        raise ValueError(f"requests {n!r} is not a whole number")
-    return n
+    return None if n is None else _json_int(n, "requests")
 
 
 def _tree_name(key: str) -> str:
