@@ -7,7 +7,8 @@
 #   bash benchmarks/gpu_run.sh 3   demo end to end, triton and flash_attn; one 7B step with flash_attn
 #   bash benchmarks/gpu_run.sh quick         the gpu_quick tests: one case per kernel path, graphs on the demo
 #   bash benchmarks/gpu_run.sh attention     the full tree-attention grid against its reference (90 cases)
-#   bash benchmarks/gpu_run.sh kernels       every other kernel test (compaction, RoPE, norms, skinny GEMM, engine)
+#   bash benchmarks/gpu_run.sh kernels       every other kernel test (compaction, RoPE, norms, skinny GEMM, the greedy
+#                                            step's fused kernels, engine)
 #   bash benchmarks/gpu_run.sh graphs        graph, FlashAttention-4 and compaction-stress tests
 # (the whole GPU test set no longer fits one call: on 2026-12-05, 141 kernel tests ran in 240 s of one)
 # JSON goes to $OUT (the device tool's output folder) or ./gpu_out.
@@ -23,11 +24,12 @@ tests() { local name=$1; shift; local t0=$SECONDS
   timeout 540 python3 -m pytest "$@" -p no:cacheprovider -o addopts="" -q -rs --durations=10 > "$OUT/$name.log" 2>&1
   echo "$name: exit $? in $((SECONDS - t0)) s"; tail -3 "$OUT/$name.log"; }
 if [ "$part" = quick ]; then
-  tests gpu_quick tests/test_kernels_gpu.py tests/test_graphs_gpu.py tests/test_flash4_gpu.py tests/test_compact_stress_gpu.py -m gpu_quick
+  tests gpu_quick tests/test_kernels_gpu.py tests/test_greedy_step_gpu.py tests/test_graphs_gpu.py tests/test_flash4_gpu.py \
+      tests/test_compact_stress_gpu.py -m gpu_quick
 elif [ "$part" = attention ]; then
   tests gpu_attention_tests tests/test_kernels_gpu.py -k tree_attention_matches_reference
 elif [ "$part" = kernels ]; then
-  tests gpu_kernel_tests tests/test_kernels_gpu.py -k "not tree_attention_matches_reference"
+  tests gpu_kernel_tests tests/test_kernels_gpu.py tests/test_greedy_step_gpu.py -k "not tree_attention_matches_reference"
 elif [ "$part" = graphs ]; then
   tests gpu_graph_tests tests/test_graphs_gpu.py tests/test_flash4_gpu.py tests/test_compact_stress_gpu.py
 elif [ "$part" = 1 ]; then

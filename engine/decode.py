@@ -25,6 +25,7 @@ from trees import TreeBuffers
 
 from .accept import RULES, Rule
 from .heads import MedusaHeads
+from .kernels import greedy_step
 from .model import Transformer
 from .sampling import SamplingParams, sample, target_probs
 from .trace import StepEvent
@@ -148,9 +149,24 @@ def ar_forward(model: Transformer, heads: MedusaHeads | None, state: DecodeState
     packed = torch.stack((one, torch.zeros_like(root), root), dim=1)
     k = drafted_from.shape[1] if drafted_from is not None else 0
     if trace_topk:
-        parent = torch.full((1,), -1, dtype=torch.long, device=root.device)
-        packed = torch.cat((packed, trace_fields(logits[:, None], root[:, None], parent, drafted_from, trace_topk)), 1)
+        packed = _ar_trace(model, packed, logits, root, drafted_from, trace_topk)
     return StepTensors(packed, 1, k if trace_topk else 0, trace_topk, bool(trace_topk))
+
+
+def _ar_trace(model: Transformer, packed: torch.Tensor, logits: torch.Tensor, root: torch.Tensor,
+              drafted_from: torch.Tensor | None, topk: int) -> torch.Tensor:
+    """An AR step's packed [B, 3] with its trace appended (a one-node tree: the root). On the fused
+    model the trace kernel writes it from one top-1 pass over the logits and the heads' top-k."""
+    parent = torch.full((1,), -1, dtype=torch.long, device=root.device)
+    if not (model.fused and root.is_cuda and greedy_step.triton is not None):
+        return torch.cat((packed, trace_fields(logits[:, None], root[:, None], parent, drafted_from, topk)), 1)
+    heads = greedy_step.row_topk(drafted_from, topk) if drafted_from is not None else None
+    k = 0 if drafted_from is None else drafted_from.shape[1]
+    out = torch.empty(packed.shape[0], 3 + greedy_step.trace_width(1, k, topk), dtype=torch.long, device=root.device)
+    out[:, :3] = packed
+    greedy_step.trace_fields(out[:, 3:], root[:, None], parent, logits[:, None], greedy_step.row_topk(logits[:, None], 1),
+                             heads, topk)
+    return out
 
 
 def draft(state: DecodeState, buf: TreeBuffers) -> torch.Tensor:
@@ -164,7 +180,11 @@ def tree_forward(model: Transformer, heads: MedusaHeads, buf: TreeBuffers, state
                  params: SamplingParams, gen, span: int | None = None, trace: bool = False) -> StepTensors:
     """Device work of a tree step: draft, one forward over every node, verify, compact K/V, next
     heads. A rule with `graphs` (greedy) never syncs with the host, so the step can be captured in a
-    CUDA graph; typical and sample verify row by row. Updates state's tensors, not host_lengths."""
+    CUDA graph; typical and sample verify row by row. Updates state's tensors, not host_lengths.
+    On the fused model (CUDA graphs) a greedy step's own work runs in engine/kernels/greedy_step.py;
+    the torch code here is its reference."""
+    if fused_greedy(model, rule, state):
+        return _tree_forward_fused(model, heads, buf, state, span, trace)
     start = state.lengths
     drafted_from = state.head_logits
     node_tokens = draft(state, buf)  # [B, T]
@@ -186,6 +206,37 @@ def tree_forward(model: Transformer, heads: MedusaHeads, buf: TreeBuffers, state
         packed = torch.cat((packed, trace_fields(logits, node_tokens, buf.parent, drafted_from, buf.topk, rule, params)),
                            dim=1)
     return StepTensors(packed, buf.num_nodes, drafted_from.shape[1] if trace else 0, buf.topk, trace)
+
+
+def fused_greedy(model: Transformer, rule: Rule, state: DecodeState) -> bool:
+    """Whether a tree step runs greedy_step's kernels: greedy, on the fused model, on CUDA."""
+    return rule.graphs and model.fused and state.root.is_cuda and greedy_step.triton is not None
+
+
+def _tree_forward_fused(model: Transformer, heads: MedusaHeads, buf: TreeBuffers, state: DecodeState,
+                        span: int | None, trace: bool) -> StepTensors:
+    """tree_forward under greedy acceptance with the fused kernels: the same forward and heads, and
+    seven launches for the rest (eight traced). The trace reuses the draft's top-k and the
+    verification's per-node max and log-sum-exp, so tracing adds one kernel and no [B, T, V] pass."""
+    start = state.lengths
+    b, k, _ = state.head_logits.shape
+    t = buf.num_nodes
+    drafted = greedy_step.row_topk(state.head_logits, buf.topk)
+    node_tokens, positions = greedy_step.draft(drafted.ids.view(b, k * buf.topk), state.root, buf.tree_indices,
+                                               buf.position_ids, start)
+    hidden = model(node_tokens, positions, start=start, block_mask=buf.attn_mask, tree_bits=buf.mask_bits,
+                   span=span or max(state.host_lengths) + t)  # [B, T, d]
+    logits = model.lm_head(hidden)  # [B, T, V] in the model's dtype: the kernels read it as it is
+    target = greedy_step.row_topk(logits, 1)
+    width = greedy_step.trace_width(t, k, buf.topk) if trace else 0
+    acc = greedy_step.greedy_accept(buf.retrieve_indices, node_tokens, target.ids.view(b, t), start, width)
+    model.cache.compact(acc.src, acc.dst)
+    state.head_logits = _head_logits(heads, model, hidden.view(b * t, -1)[acc.last_row])
+    state.lengths, state.root = acc.lengths, acc.root
+    if trace:
+        w = acc.nodes.shape[1]
+        greedy_step.trace_fields(acc.packed[:, 1 + 2 * w:], node_tokens, buf.parent, logits, target, drafted, buf.topk)
+    return StepTensors(acc.packed, t, k if trace else 0, buf.topk, trace)
 
 
 def finish_step(state: DecodeState, st: StepTensors, rows: list[list[int]] | None = None) -> list[StepEvent]:

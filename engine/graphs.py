@@ -84,24 +84,29 @@ class StepGraphs:
         need = max(state.host_lengths) + ahead + nodes
         return min(cap, -(-need // SDPA_BUCKET) * SDPA_BUCKET)
 
-    def step(self, heads: MedusaHeads | None, buf: TreeBuffers | None, choices, state: DecodeState,
+    @staticmethod
+    def tree_key(choices: list[list[int]] | None) -> tuple | None:
+        """The tree's part of a graph's key, made once per run: hashing a 64-node tree's paths at
+        every step costs the host about 10 µs, which a synchronous step waits for."""
+        return None if choices is None else tuple(map(tuple, choices))
+
+    def step(self, heads: MedusaHeads | None, buf: TreeBuffers | None, tree_key: tuple | None, state: DecodeState,
              trace_topk: int = 0) -> list[StepEvent]:
         """One greedy step (a tree step when buf is given, else AR) by graph replay."""
-        return self.collect(self.launch(heads, buf, choices, state, trace_topk), state)
+        return self.collect(self.launch(heads, buf, tree_key, state, trace_topk), state)
 
     @torch.inference_mode()
-    def launch(self, heads: MedusaHeads | None, buf: TreeBuffers | None, choices, state: DecodeState,
+    def launch(self, heads: MedusaHeads | None, buf: TreeBuffers | None, tree_key: tuple | None, state: DecodeState,
                trace_topk: int = 0, ahead: int = 0) -> Pending:
         """Queue one step and the copy of its packed result; returns at once. `state`'s device
         tensors become the graph's, so a second launch continues from this one without the host
-        (`ahead`: tokens the step still in flight may add, for the sdpa span)."""
+        (`ahead`: tokens the step still in flight may add, for the sdpa span). tree_key: `tree_key(choices)`."""
         cache = self.model.cache
         cache_key = (cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape))
         if cache_key != self._cache_key:  # their addresses are gone: drop the graphs and their memory
             self.graphs.clear()
             self.pool = None
             self._cache_key = cache_key
-        tree_key = tuple(map(tuple, choices)) if buf is not None else None
         span = self.span(state, buf.num_nodes if buf is not None else 1, ahead)
         # the heads object itself (None for AR without heads): a graph reads its weights by address, so
         # other heads need their own graph; the key also keeps them alive, so no address is ever reused

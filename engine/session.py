@@ -95,10 +95,11 @@ class GraphRunner:
     ahead = True
 
     def __init__(self, graphs: StepGraphs, heads: MedusaHeads | None, buf: TreeBuffers | None, choices, trace_topk: int):
-        self.graphs, self.heads, self.buf, self.choices, self.trace_topk = graphs, heads, buf, choices, trace_topk
+        self.graphs, self.heads, self.buf, self.trace_topk = graphs, heads, buf, trace_topk
+        self.tree_key = StepGraphs.tree_key(choices if buf is not None else None)
 
     def launch(self, state: DecodeState, ahead: int = 0):
-        return self.graphs.launch(self.heads, self.buf, self.choices, state, self.trace_topk, ahead)
+        return self.graphs.launch(self.heads, self.buf, self.tree_key, state, self.trace_topk, ahead)
 
     def collect(self, handle, state: DecodeState) -> list[StepEvent]:
         return self.graphs.collect(handle, state)

@@ -72,23 +72,27 @@ def run_step(shapes: list[str], prefix: int, backend: str) -> dict:
             model.setup_cache(1, prefix + 1024)
             graphs = StepGraphs(model) if graphed else None
             for n, choices in tree_of.items():
-                key, buf = ("ar" if n == 0 else f"tree_{n}"), buf_of[n]
+                key, buf, tree_key = ("ar" if n == 0 else f"tree_{n}"), buf_of[n], StepGraphs.tree_key(choices)
                 state = prefill(model, heads if n else None, [prompt], GREEDY, None)
 
-                def step(graphs=graphs, n=n, choices=choices, buf=buf, state=state, model=model):
+                def step(graphs=graphs, n=n, tree_key=tree_key, buf=buf, state=state, model=model):
                     if graphs is not None:
-                        return graphs.step(heads if n else None, buf, choices, state)
+                        return graphs.step(heads if n else None, buf, tree_key, state)
                     if n:
                         return tree_step(model, heads, buf, state, RULES["greedy"], GREEDY, None)
                     return ar_step(model, None, state, GREEDY, None)
 
                 row[f"{key}{variant}_ms"] = round(cuda_ms(step), 3)
+                if graphs is not None:
+                    row[f"{key}{variant}_queued_ms"] = round(queued_ms(graphs, heads if n else None, buf, tree_key, state), 3)
                 if variant == "_graph_fused" and n in (0, 64):
-                    # the same kernels launched eagerly, profiled: where the GPU time of a step goes
+                    # where the GPU time of a step goes: the same kernels launched eagerly, and replayed
                     state = prefill(model, heads if n else None, [prompt], GREEDY, None)
                     row[f"{key}_kernels"] = kernel_breakdown(functools.partial(step, graphs=None, state=state))
+                    row[f"{key}_graph_kernels"] = kernel_breakdown(step)
             model.cache = None
-        for v in ("", "_graph", "_graph_fused", "_graph_fused_skinny"):
+        for v in ("", "_graph", "_graph_fused", "_graph_fused_skinny", "_graph_queued", "_graph_fused_queued",
+                  "_graph_fused_skinny_queued"):
             row[f"ar{v}_over_floor"] = round(row[f"ar{v}_ms"] / floor_ms, 3)
             for n in TREE_SIZES:
                 row[f"tree_{n}{v}_over_ar{v}"] = round(row[f"tree_{n}{v}_ms"] / row[f"ar{v}_ms"], 3)
@@ -105,6 +109,26 @@ def run_step(shapes: list[str], prefix: int, backend: str) -> dict:
         hf = plain = fused = skinny = None  # free this shape's weights before the next
         torch.cuda.empty_cache()
     return out
+
+
+def queued_ms(graphs: StepGraphs, heads, buf, tree_key, state, iters: int = 50) -> float:
+    """Mean ms per graphed step with the next step queued before the last one is read, as the
+    engine's session runs greedy graphs: the host's work per step (launch, reading the packed
+    result) overlaps the device's, which a synchronous step (`cuda_ms`) waits for."""
+    import time
+
+    import torch
+
+    ahead = buf.retrieve_indices.shape[1] if buf is not None else 1
+    pending = graphs.launch(heads, buf, tree_key, state, ahead=ahead)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        nxt = graphs.launch(heads, buf, tree_key, state, ahead=ahead)
+        graphs.collect(pending, state)
+        pending = nxt
+    graphs.collect(pending, state)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / iters * 1e3
 
 
 def gemm_table(model, bw: float) -> list[dict]:
@@ -137,7 +161,8 @@ def gemm_table(model, bw: float) -> list[dict]:
 
 def kernel_breakdown(fn, steps: int = 5) -> dict:
     """GPU time per step of fn's kernels by kind, from the profiler: what a captured step costs
-    once launch gaps are gone (their sum against the graph's time is the gap left)."""
+    once launch gaps are gone (their sum against the graph's time is the gap left). fn may replay a
+    CUDA graph: the profiler sees the kernels of its nodes (none seen means it could not)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -159,6 +184,8 @@ def kernel_breakdown(fn, steps: int = 5) -> dict:
                 "gemm" if any(w in name for w in ("gemm", "gemv", "nvjet", "cutlass", "sm90", "splitk", "_skinny")) else
                 "fused pointwise (ours)" if any(w in name for w in ("_add_rms_norm", "_rope_qkv", "_silu_mul")) else
                 "compaction" if "_compact" in name else
+                "medusa step (ours)" if any(w in name for w in ("_chunk_topk", "_merge_topk", "_draft", "_greedy_accept",
+                                                                  "_trace")) else
                 "index/copy" if any(w in name for w in ("index", "copy", "memcpy", "memset", "scatter", "gather", "cat"))
                 else "other")
         k = kinds.setdefault(kind, [0.0, 0])

@@ -1,0 +1,261 @@
+"""A greedy tree step's own work in a handful of launches: the heads' top-k, the draft, the target's
+argmax at every node, verification with the next root and the compaction's slots, and the step trace.
+
+Eagerly this work is about 60 small torch kernels (topk, cat, index, cumprod, argmax, gather, ...).
+At SmolLM2's size a step is launch-bound, so inside a CUDA graph each costs its launch and its tail
+whatever its size (benchmarks/README.md, "SmolLM2-shape step"). Here it is:
+  `row_topk`      2 launches  top-k, max and log-sum-exp of every row (heads' top-k; target argmax)
+  `draft`         1 launch    node tokens and positions from the heads' top-k
+  `greedy_accept` 1 launch    the accepted path, packed step, next root and lengths, compaction slots
+  `trace_fields`  1 launch    the step trace (traced steps only: the untraced step runs no extra kernel)
+The torch code these replace is their reference (`decode.tree_forward`'s unfused branch, and
+`decode.trace_fields`); tests/test_kernels_gpu.py compares them on random inputs, and the engine's
+greedy Medusa must still equal AR token for token under graphs.
+
+Ties: `row_topk` ranks equal values by index (smallest first), as torch.argmax does for the top-1.
+The order of tied values inside the heads' top-k changes only which node drafts which token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs use the references
+    triton = None
+
+MICRO = 1_000_000  # as decode.MICRO: traced probabilities travel as integers in millionths
+CHUNK = 2048  # vocabulary entries per program in row_topk's first pass
+
+
+@dataclass
+class TopK:
+    values: torch.Tensor  # [R, k] float32, largest first
+    ids: torch.Tensor  # [R, k] int64
+    lse: torch.Tensor  # [R] float32: log-sum-exp of the whole row
+
+
+@dataclass
+class Accepted:
+    packed: torch.Tensor  # [B, 1 + 2W]: kept, W accepted nodes, their W tokens (decode.StepTensors)
+    nodes: torch.Tensor  # [B, W] accepted path, root first, padded by repeating its last node
+    kept: torch.Tensor  # [B]
+    root: torch.Tensor  # [B] next root: the target's argmax at the last kept node
+    lengths: torch.Tensor  # [B] start + kept
+    last_row: torch.Tensor  # [B] b * T + the last kept node: its row of the [B * T] hidden states feeds the next heads
+    src: torch.Tensor  # [B, W] cache slots of the accepted nodes ...
+    dst: torch.Tensor  # [B, W] ... and where they move (KVCache.compact)
+
+
+def row_topk_reference(x: torch.Tensor, k: int) -> TopK:
+    xf = x.float().flatten(0, 1)
+    values, ids = xf.topk(k, dim=-1)
+    return TopK(values, ids, xf.logsumexp(-1))
+
+
+if triton is not None:
+
+    @triton.jit
+    def _chunk_topk(X, Vals, Ids, Max, SumExp, V, n_chunks, inner, stride_outer, stride_inner,
+                    K: tl.constexpr, BLOCK: tl.constexpr):
+        """Program (row, chunk): the chunk's top-K (by repeated argmax, ties to the smaller index)
+        and its max and sum of exp(x - max) for the row's log-sum-exp. Row r is X[r // inner, r % inner]."""
+        row, c = tl.program_id(0), tl.program_id(1)
+        offs = c * BLOCK + tl.arange(0, BLOCK)
+        base = X + (row // inner).to(tl.int64) * stride_outer + (row % inner).to(tl.int64) * stride_inner
+        x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        top = tl.max(x, axis=0)
+        out = (row * n_chunks + c)
+        tl.store(Max + out, top)
+        tl.store(SumExp + out, tl.sum(tl.exp(x - top), axis=0))
+        for i in range(K):
+            j = tl.argmax(x, axis=0)
+            tl.store(Vals + out * K + i, tl.max(x, axis=0))
+            tl.store(Ids + out * K + i, (c * BLOCK + j).to(tl.int64))
+            x = tl.where(tl.arange(0, BLOCK) == j, float("-inf"), x)
+
+    @triton.jit
+    def _merge_topk(Vals, Ids, Max, SumExp, OutVals, OutIds, Lse, n_chunks,
+                    K: tl.constexpr, CAND: tl.constexpr, CHUNKS: tl.constexpr):
+        """Program (row): the row's top-K among its chunks' candidates (chunks in index order, so the
+        first of equal candidates has the smaller index) and the log-sum-exp over the chunks."""
+        row = tl.program_id(0)
+        pos = tl.arange(0, CAND)
+        ok = pos < n_chunks * K
+        vals = tl.load(Vals + row * n_chunks * K + pos, mask=ok, other=float("-inf"))
+        ids = tl.load(Ids + row * n_chunks * K + pos, mask=ok, other=0)
+        for i in range(K):
+            j = tl.argmax(vals, axis=0)
+            tl.store(OutVals + row * K + i, tl.max(vals, axis=0))
+            tl.store(OutIds + row * K + i, tl.sum(tl.where(pos == j, ids, 0), axis=0))
+            vals = tl.where(pos == j, float("-inf"), vals)
+        c = tl.arange(0, CHUNKS)
+        m = tl.load(Max + row * n_chunks + c, mask=c < n_chunks, other=float("-inf"))
+        s = tl.load(SumExp + row * n_chunks + c, mask=c < n_chunks, other=0.0)
+        top = tl.max(m, axis=0)
+        tl.store(Lse + row, top + tl.log(tl.sum(s * tl.exp(m - top), axis=0)))
+
+    @triton.jit
+    def _draft(Ids, Root, TreeIdx, PosIds, Start, Tokens, Positions, T, KT, BLOCK_T: tl.constexpr):
+        """Program (request): node t's token is the root (flat index 0) or entry f - 1 of the heads'
+        flattened top-k [K * topk]; its position is the request's length plus its depth."""
+        b = tl.program_id(0)
+        t = tl.arange(0, BLOCK_T)
+        ok = t < T
+        f = tl.load(TreeIdx + t, mask=ok, other=0)
+        tok = tl.load(Ids + b * KT + tl.maximum(f - 1, 0), mask=ok & (f > 0), other=0)
+        tok = tl.where(f == 0, tl.load(Root + b), tok)
+        tl.store(Tokens + b * T + t, tok, mask=ok)
+        tl.store(Positions + b * T + t, tl.load(Start + b) + tl.load(PosIds + t, mask=ok, other=0), mask=ok)
+
+    @triton.jit
+    def _greedy_accept(Retrieve, Tokens, Target, Start, Packed, Nodes, Kept, Roots, Lengths, LastRow, Src, Dst,
+                       T, P, W, packed_stride, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr):
+        """Program (request): every root-to-leaf path's accepted length (nodes whose token is the
+        target's argmax at their parent, from the root down), the first longest path, and what
+        the step writes from it."""
+        b = tl.program_id(0)
+        p = tl.arange(0, BLOCK_P)[:, None]
+        j = tl.arange(0, BLOCK_D)[None, :]
+        inside = (p < P) & (j < W - 1)
+        child = tl.load(Retrieve + p * W + j + 1, mask=inside, other=-1)  # node at depth j + 1
+        parent = tl.load(Retrieve + p * W + j, mask=inside, other=0)  # the node whose argmax judges it
+        present = child >= 0
+        cand = tl.load(Tokens + b * T + child, mask=present, other=-1)
+        want = tl.load(Target + b * T + parent, mask=present, other=-2)
+        fail = tl.where(present & (cand == want), W - 1, j + 0 * p)  # first failing depth, else D
+        length = tl.where(tl.arange(0, BLOCK_P) < P, tl.min(fail, axis=1), -1)
+        row = tl.argmax(length, axis=0)  # the first path of the greatest length
+        best = tl.max(length, axis=0)
+        w = tl.arange(0, BLOCK_W)
+        wok = w < W
+        node = tl.load(Retrieve + row * W + tl.minimum(w, best), mask=wok, other=0)
+        kept = (best + 1).to(tl.int64)
+        last = tl.load(Retrieve + row * W + best)
+        start = tl.load(Start + b)
+        out = Packed + b * packed_stride
+        tl.store(out, kept)
+        tl.store(out + 1 + w, node, mask=wok)
+        tl.store(out + 1 + W + w, tl.load(Tokens + b * T + node, mask=wok, other=0), mask=wok)
+        tl.store(Nodes + b * W + w, node, mask=wok)
+        tl.store(Src + b * W + w, start + node, mask=wok)
+        tl.store(Dst + b * W + w, start + tl.minimum(w, kept - 1), mask=wok)
+        tl.store(Kept + b, kept)
+        tl.store(LastRow + b, b * T + last)
+        tl.store(Roots + b, tl.load(Target + b * T + last))
+        tl.store(Lengths + b, start + kept)
+
+    @triton.jit
+    def _micro(p):
+        return tl.floor(p * 1000000.0 + 0.5).to(tl.int64)
+
+    @triton.jit
+    def _trace(Tokens, Parent, Logits, TopVals, TopIds, Lse, HeadVals, HeadIds, HeadLse, Out, out_stride, sb, st, T, KT,
+               TOPK,
+               BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+        """Program (request): the fields of decode.trace_fields under greedy acceptance."""
+        b = tl.program_id(0)
+        out = Out + b * out_stride
+        t = tl.arange(0, BLOCK_T)
+        ok = t < T
+        tok = tl.load(Tokens + b * T + t, mask=ok, other=0)
+        par = tl.load(Parent + t, mask=ok, other=-1)
+        pc = tl.maximum(par, 0)
+        lse = tl.load(Lse + b * T + t, mask=ok, other=0.0)
+        at_parent = tl.load(Logits + b.to(tl.int64) * sb + pc.to(tl.int64) * st + tok, mask=ok, other=0.0).to(tl.float32)
+        p_parent = tl.exp(at_parent - tl.load(Lse + b * T + pc, mask=ok, other=0.0))
+        keep = tl.where(tok == tl.load(TopIds + b * T + pc, mask=ok, other=-1), 1000000, 0).to(tl.int64)
+        root = par < 0
+        tl.store(out + t, tok, mask=ok)
+        tl.store(out + T + t, tl.load(TopIds + b * T + t, mask=ok, other=0), mask=ok)
+        tl.store(out + 2 * T + t, _micro(tl.exp(tl.load(TopVals + b * T + t, mask=ok, other=0.0) - lse)), mask=ok)
+        tl.store(out + 3 * T + t, tl.where(root, -1, _micro(p_parent)), mask=ok)
+        tl.store(out + 4 * T + t, tl.where(root, -1, keep), mask=ok)
+        h = tl.arange(0, BLOCK_H)
+        hok = h < KT
+        tl.store(out + 5 * T + h, tl.load(HeadIds + b * KT + h, mask=hok, other=0), mask=hok)
+        head_p = tl.exp(tl.load(HeadVals + b * KT + h, mask=hok, other=0.0)
+                        - tl.load(HeadLse + b * (KT // TOPK) + h // TOPK, mask=hok, other=0.0))
+        tl.store(out + 5 * T + KT + h, _micro(head_p), mask=hok)
+
+
+def _pow2(n: int, least: int = 16) -> int:
+    return max(least, triton.next_power_of_2(n))
+
+
+def row_topk(x: torch.Tensor, k: int) -> TopK:
+    """`row_topk_reference` over the last dim of a CUDA tensor [A, C, V] (any float dtype; V
+    contiguous, A and C any strides: the heads' logits are [B, K, V] transposed from [K, B, V]),
+    rows in order a * C + c, in two launches. Rows must hold at least k finite values."""
+    outer, inner, vocab = x.shape
+    if x.stride(2) != 1:
+        raise ValueError("row_topk needs the last dim contiguous")
+    rows = outer * inner
+    block = min(CHUNK, _pow2(vocab))
+    n_chunks = triton.cdiv(vocab, block)
+    dev = x.device
+    vals = torch.empty(rows, n_chunks, k, device=dev, dtype=torch.float32)
+    ids = torch.empty(rows, n_chunks, k, device=dev, dtype=torch.int64)
+    part_max = torch.empty(rows, n_chunks, device=dev, dtype=torch.float32)
+    part_sum = torch.empty(rows, n_chunks, device=dev, dtype=torch.float32)
+    _chunk_topk[(rows, n_chunks)](x, vals, ids, part_max, part_sum, vocab, n_chunks, inner, x.stride(0), x.stride(1),
+                                  K=k, BLOCK=block)
+    out = TopK(torch.empty(rows, k, device=dev, dtype=torch.float32), torch.empty(rows, k, device=dev, dtype=torch.int64),
+               torch.empty(rows, device=dev, dtype=torch.float32))
+    _merge_topk[(rows,)](vals, ids, part_max, part_sum, out.values, out.ids, out.lse, n_chunks,
+                         K=k, CAND=_pow2(n_chunks * k), CHUNKS=_pow2(n_chunks))
+    return out
+
+
+def draft(head_ids: torch.Tensor, root: torch.Tensor, tree_indices: torch.Tensor, position_ids: torch.Tensor,
+          start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """head_ids [B, K * topk] (each head's top-k, head-major), root [B], start [B] -> node tokens
+    and positions [B, T] (decode.draft, and start + depth)."""
+    b, kt = head_ids.shape
+    t = tree_indices.numel()
+    tokens = torch.empty(b, t, device=root.device, dtype=torch.int64)
+    positions = torch.empty(b, t, device=root.device, dtype=torch.int64)
+    _draft[(b,)](head_ids.contiguous(), root, tree_indices, position_ids, start, tokens, positions, t, kt,
+                 BLOCK_T=_pow2(t))
+    return tokens, positions
+
+
+def greedy_accept(retrieve: torch.Tensor, tokens: torch.Tensor, target: torch.Tensor, start: torch.Tensor,
+                  trace_width: int = 0) -> Accepted:
+    """retrieve [P, W] (root-to-leaf paths, -1 padded), node tokens and target argmax [B, T], start
+    [B] -> what the step keeps (accept.RULES["greedy"].verify and tree_forward's bookkeeping).
+    `packed` gets trace_width more columns, left for `trace_fields` to fill."""
+    b, t = tokens.shape
+    paths, w = retrieve.shape
+    dev = tokens.device
+
+    def new(*shape):
+        return torch.empty(*shape, device=dev, dtype=torch.int64)
+
+    acc = Accepted(new(b, 1 + 2 * w + trace_width), new(b, w), new(b), new(b), new(b), new(b), new(b, w), new(b, w))
+    _greedy_accept[(b,)](retrieve, tokens, target.contiguous(), start, acc.packed, acc.nodes, acc.kept, acc.root,
+                         acc.lengths, acc.last_row, acc.src, acc.dst, t, paths, w, acc.packed.stride(0),
+                         BLOCK_P=_pow2(paths, 1), BLOCK_D=_pow2(w - 1, 1), BLOCK_W=_pow2(w, 1))
+    return acc
+
+
+def trace_width(nodes: int, heads: int, topk: int) -> int:
+    """Columns of a step trace (decode.trace_fields): five per node, two per head candidate."""
+    return 5 * nodes + 2 * heads * topk
+
+
+def trace_fields(out: torch.Tensor, tokens: torch.Tensor, parent: torch.Tensor, logits: torch.Tensor, target: TopK,
+                 heads: TopK | None, topk: int) -> None:
+    """decode.trace_fields under greedy acceptance, written into out [B, trace_width] (a column
+    slice of the packed step: rows may be strided), from what the step already computed: the
+    target's top-1 and log-sum-exp per node (`target`, rows b * T + t) and the heads' top-k that
+    drafted the step (`heads`, rows b * K + h; None: no head fields). logits [B, T, V], V contiguous."""
+    b, t = tokens.shape
+    kt = 0 if heads is None else heads.ids.numel() // b
+    heads = heads or target  # never read when kt is 0
+    _trace[(b,)](tokens, parent, logits, target.values, target.ids, target.lse, heads.values, heads.ids, heads.lse,
+                 out, out.stride(0), logits.stride(0), logits.stride(1), t, kt, topk, BLOCK_T=_pow2(t), BLOCK_H=_pow2(kt))

@@ -1,0 +1,169 @@
+"""The greedy tree step's fused kernels (engine/kernels/greedy_step.py) against their torch
+references on random inputs: the heads' top-k and the target's argmax with their log-sum-exps, the
+draft, verification (a path accepted to its leaf, a path through non-first children, nothing
+accepted) with the compaction's slots, and the step trace. GPU only, or on the CPU under Triton's
+interpreter (`TRITON_INTERPRET=1` with triton installed), which is how they are debugged without one."""
+
+import os
+import zlib
+
+import pytest
+import torch
+from conftest import DTYPE_IDS, QUICK
+
+import trees
+from engine import decode
+from engine.accept import RULES
+from engine.kernels import greedy_step as gs
+from engine.sampling import SamplingParams
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1" and gs.triton is not None
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not (torch.cuda.is_available() or INTERPRETED),
+                                                  reason="needs CUDA (or TRITON_INTERPRET=1 with triton)")]
+
+
+def dtype_id(value):
+    return DTYPE_IDS.get(value) if isinstance(value, torch.dtype) else None
+
+
+def gen_of(*case) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
+
+
+def random_tree(n: int, g: torch.Generator, topk: int = 10, depth: int = 6) -> list[list[int]]:
+    paths: list[list[int]] = []
+    while len(paths) < n:
+        options = [[]] + [p for p in paths if len(p) < depth]
+        parent = options[int(torch.randint(0, len(options), (1,), generator=g))]
+        child = parent + [int(torch.randint(0, topk, (1,), generator=g))]
+        if child not in paths:
+            paths.append(child)
+    return paths
+
+
+@pytest.mark.parametrize("outer, inner, vocab, dtype, k", [
+    pytest.param(1, 4, 49152, BF16, 10, marks=QUICK),  # SmolLM2's heads (ties are common in bf16)
+    pytest.param(3, 5, 32000, F32, 10),
+    pytest.param(2, 64, 97, F32, 1, marks=QUICK),  # a tree's target argmax, one chunk
+    pytest.param(1, 3, 128256 + 5, BF16, 1),  # a last chunk of 5 entries
+    pytest.param(2, 3, 4096 + 3, F16, 7),  # a last chunk shorter than k
+], ids=dtype_id)
+def test_row_topk_matches_reference(outer, inner, vocab, dtype, k):
+    """Values exactly, ids where values are untied (ties go to the smaller index), the log-sum-exp
+    to float32 rounding; rows read through strides, as the heads' [B, K, V] logits are."""
+    g = gen_of("topk", outer, inner, vocab, dtype, k)
+    x = (torch.randn(inner, outer, vocab, generator=g) * 4).to(dtype).to(DEV).transpose(0, 1)
+    got, want = gs.row_topk(x, k), gs.row_topk_reference(x, k)
+    flat = x.float().flatten(0, 1)
+    assert torch.equal(got.values, want.values)
+    assert torch.equal(flat.gather(1, got.ids), got.values)
+    assert all(len(set(r)) == k for r in got.ids.tolist())
+    if dtype == F32:
+        assert torch.equal(got.ids, want.ids)
+    if k == 1:  # the target's argmax: the first maximum, as torch.argmax (greedy Medusa == AR rests on it)
+        assert torch.equal(got.ids[:, 0], flat.argmax(-1))
+    torch.testing.assert_close(got.lse, want.lse, rtol=1e-5, atol=1e-5)
+
+
+def _step_inputs(n: int, batch: int, vocab: int, case):
+    g = gen_of(*case)
+    buf = trees.buffers(random_tree(n, g), topk=10).to(DEV)
+    heads = buf.retrieve_indices.shape[1] + 1
+    head_logits = torch.randn(batch, heads, vocab, generator=g).to(DEV)
+    root = torch.randint(0, vocab, (batch,), generator=g).to(DEV)
+    start = torch.tensor([0, 17, 300, 5][:batch]).to(DEV)
+    return g, buf, head_logits, root, start
+
+
+@pytest.mark.parametrize("n", [pytest.param(1, marks=QUICK), 12, pytest.param(63, marks=QUICK), 255])
+def test_draft_matches_reference(n):
+    _, buf, head_logits, root, start = _step_inputs(n, 3, 50, ("draft", n))
+    top = gs.row_topk(head_logits, buf.topk)
+    tokens, positions = gs.draft(top.ids.view(3, -1), root, buf.tree_indices, buf.position_ids, start)
+    state = decode.DecodeState(start, start.tolist(), root, head_logits)
+    assert torch.equal(tokens, decode.draft(state, buf))
+    assert torch.equal(positions, start[:, None] + buf.position_ids[None])
+
+
+def _targets_along_paths(buf, tokens, g, plan):
+    """Target argmaxes that accept, for request r with plan[r] = (retrieve row, depth), that many
+    nodes down that root-to-leaf path; random elsewhere, never a node's token."""
+    b, t = tokens.shape
+    target = torch.randint(0, 1000, (b, t), generator=g).to(tokens.device) + 10_000
+    for r, (row, depth) in enumerate(plan):
+        path = [int(x) for x in buf.retrieve_indices[row].cpu() if x >= 0]
+        for j in range(min(depth, len(path) - 1)):
+            target[r, path[j]] = tokens[r, path[j + 1]]
+    return target
+
+
+@pytest.mark.parametrize("n", [pytest.param(12, marks=QUICK), 63, pytest.param(255, marks=QUICK)])
+def test_greedy_accept_matches_reference(n):
+    """Kept path, packed step, next root, lengths, the last node's hidden-state row and the
+    compaction's slots equal tree_forward's torch code (verify, then its bookkeeping). Request 0
+    accepts the last path to its leaf (through non-first children), 1 nothing, 2 the first path
+    part way, 3 a random path to its leaf."""
+    g, buf, head_logits, root, start = _step_inputs(n, 4, 50, ("accept", n))
+    tokens = decode.draft(decode.DecodeState(start, start.tolist(), root, head_logits), buf)
+    paths = buf.retrieve_indices.shape[0]
+    plan = [(paths - 1, 99), (0, 0), (0, 2), (int(torch.randint(0, paths, (1,), generator=g)), 99)]
+    target = _targets_along_paths(buf, tokens, g, plan)
+    logits = torch.full((*target.shape, 10_000 + 1000), -5.0, device=DEV).scatter_(2, target[..., None], 5.0)
+    nodes, kept, next_root = RULES["greedy"].verify(buf, tokens, logits, SamplingParams(), None)
+    acc = gs.greedy_accept(buf.retrieve_indices, tokens, target, start)
+    steps = torch.arange(nodes.shape[1], device=DEV)
+    assert torch.equal(acc.nodes, nodes) and torch.equal(acc.kept, kept) and torch.equal(acc.root, next_root)
+    assert torch.equal(acc.packed, torch.cat((kept[:, None], nodes, tokens.gather(1, nodes)), 1))
+    assert torch.equal(acc.lengths, start + kept)
+    assert torch.equal(acc.src, start[:, None] + nodes)
+    assert torch.equal(acc.dst, start[:, None] + torch.minimum(steps[None], kept[:, None] - 1))
+    t = tokens.shape[1]
+    assert torch.equal(acc.last_row, torch.arange(4, device=DEV) * t + nodes.gather(1, (kept - 1)[:, None])[:, 0])
+    # the cases happened: nothing accepted; the last path whole, through a child of rank > 0
+    last_path = buf.retrieve_indices[-1]
+    assert kept[1] == 1 and kept[0] == int((last_path >= 0).sum())
+    ranks = (buf.tree_indices - 1) % buf.topk
+    assert (ranks[nodes[0, 1: int(kept[0])]] > 0).any()
+
+
+@pytest.mark.parametrize("n, dtype", [pytest.param(12, F32, marks=QUICK), (63, BF16),
+                                      pytest.param(255, BF16, marks=QUICK)], ids=dtype_id)
+def test_trace_fields_match_reference(n, dtype):
+    """Every field of decode.trace_fields under greedy acceptance; probabilities (in millionths) to
+    within one unit, because the log-sum-exps add up in another order."""
+    g, buf, head_logits, root, start = _step_inputs(n, 3, 3000, ("trace", n, dtype))
+    tokens = decode.draft(decode.DecodeState(start, start.tolist(), root, head_logits), buf)
+    logits = (torch.randn(*tokens.shape, 3000, generator=g) * 3).to(dtype).to(DEV)
+    logits[0, buf.parent.clamp(min=0)[1:], tokens[0, 1:]] = 50.0  # request 0: a child of each parent is its argmax
+    width = gs.trace_width(buf.num_nodes, head_logits.shape[1], buf.topk)
+    packed = torch.full((3, 7 + width), -7, dtype=torch.long, device=DEV)
+    gs.trace_fields(packed[:, 7:], tokens, buf.parent, logits, gs.row_topk(logits, 1), gs.row_topk(head_logits, buf.topk),
+                    buf.topk)
+    want = decode.trace_fields(logits.float(), tokens, buf.parent, head_logits, buf.topk)
+    got = packed[:, 7:]
+    t = buf.num_nodes
+    assert (packed[:, :7] == -7).all()  # the packed step's own columns are left alone
+    exact = list(range(0, 2 * t)) + list(range(4 * t, 5 * t)) + list(range(5 * t, 5 * t + head_logits.shape[1] * buf.topk))
+    assert torch.equal(got[:, exact], want[:, exact])
+    assert (got - want).abs().max() <= 1
+    assert (got[0, 4 * t + 1: 5 * t] == decode.MICRO).sum() > t // 4  # the case happened: nodes the rule keeps
+
+
+@QUICK
+@pytest.mark.parametrize("with_heads", [True, False], ids=["heads", "no_heads"])
+def test_ar_trace_fields_match_reference(with_heads):
+    """An AR step's trace (a one-node tree; the heads' fields only when heads drafted), from float32
+    logits read through a [B, 1, V] view."""
+    g = gen_of("ar trace", with_heads)
+    logits = torch.randn(3, 5000, generator=g).to(DEV) * 3
+    root = torch.randint(0, 5000, (3,), generator=g).to(DEV)
+    head_logits = torch.randn(3, 4, 5000, generator=g).to(DEV) if with_heads else None
+    parent = torch.tensor([-1], device=DEV)
+    heads = gs.row_topk(head_logits, 10) if with_heads else None
+    out = torch.empty(3, gs.trace_width(1, 4 if with_heads else 0, 10), dtype=torch.long, device=DEV)
+    gs.trace_fields(out, root[:, None], parent, logits[:, None], gs.row_topk(logits[:, None], 1), heads, 10)
+    want = decode.trace_fields(logits[:, None], root[:, None], parent, head_logits, 10)
+    assert out.shape == want.shape and (out - want).abs().max() <= 1
+    assert torch.equal(out[:, :2], want[:, :2]) and (out[:, 3:5] == -1).all()
