@@ -1,7 +1,7 @@
 """A greedy tree step's own work in a handful of launches: the heads' top-k, the draft, the target's
 argmax at every node, verification with the next root and the compaction's slots, and the step trace.
 
-Eagerly this work is about 60 small torch kernels (topk, cat, index, cumprod, argmax, gather, ...).
+Eagerly this work was 65 small torch kernels on a 64-node step (topk, cat, index, cumprod, argmax, ...).
 At SmolLM2's size a step is launch-bound, so inside a CUDA graph each costs its launch and its tail
 whatever its size (benchmarks/README.md, "SmolLM2-shape step"). Here it is:
   `row_topk`      2 launches  top-k, max and log-sum-exp of every row (heads' top-k; target argmax)
