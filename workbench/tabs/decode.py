@@ -24,9 +24,9 @@ from ..session import RunState, Session, UserError, step_index, user_message
 from ..store import StoreError
 
 log = logging.getLogger("workbench")
-# streamed text and stats: at most two updates a second, whatever the step rate. Each update costs the page a
-# fixed amount of work (Gradio finds and snapshots every output, the HTML is parsed and merged again), on
-# the CPU the decode needs: four a second made page-driven runs slower than the same run through the API
+# streamed text and stats: at most two updates a second, whatever the step rate. Each update costs the page work
+# that does not shrink with its size (Gradio looks up and snapshots every output, the HTML component parses and
+# merges its whole text again), on the CPU the decode shares on a small machine
 THROTTLE_S = 0.5
 TABLE_HEADERS = ["node", "path", "token", "head p", "path p", "status", "why"]
 FIGURE_NAMES = ("step_tree", "heads", "run", "acceptance", "calibration")
