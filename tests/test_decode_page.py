@@ -2,6 +2,8 @@
 the head panel at a selected step, the node table's space marker, playback that Pause stops, a run
 that loads back with its controls, and a second job click that is refused aloud."""
 
+import json
+
 import pytest
 
 import trees
@@ -179,3 +181,25 @@ def test_the_same_tree_is_not_sent_to_the_page_twice(tabs, session):
     for t, p in zip(session.run.traces, session.run.pieces):
         s.run.add(t, p)
     assert tabs.decode.tree_drawing(s, 4, figures.TreeView(0.02, True, frozenset())) is not None
+
+
+def test_a_runs_end_draws_every_figure_of_its_last_step(wb, session):
+    """The closing events, called as the page calls them once the app is built (a method named like a
+    component the layout sets would be shadowed by it): the last step's tree, table, heads, run chart,
+    heatmap and calibration all come, and the saved runs' list."""
+    from types import SimpleNamespace
+
+    import gradio as gr
+
+    from workbench.app import build_app
+
+    app = build_app(wb)
+    fns = {fn.name: fn.fn for fn in app.fns.values() if fn.name.startswith("closing_")}
+    page = SimpleNamespace(session_hash=session.id)
+    values = [*fns["closing_tree"]("done", 0.02, False, page), fns["closing_heads"]("done", page),
+              *fns["closing_run"]("done", page), *fns["closing_saved"]("done", page)]
+    plots, table = [values[0], *values[3:7]], values[1]
+    assert all(p is not None and not isinstance(p, dict) for p in plots), plots
+    assert len(table) == len(session.run.traces[-1]["tree"]) + 1
+    assert session.run.run_id in json.dumps(values[7].get("choices"))
+    assert fns["closing_heads"]("✗ failed", page) == gr.update()  # a failed run draws nothing

@@ -143,10 +143,10 @@ class DecodeTab:
         i = step_index(step, len(run.traces)) if run is not None else None
         if i is None:
             return None, None, []
-        return figures.step_tree_figure(run.traces[i], view), self.head_figure(run, i), self.node_table(run.traces[i])
+        return figures.step_tree_figure(run.traces[i], view), self.head_figure(run, i), self.table_rows(run.traces[i])
 
     @staticmethod
-    def node_table(trace: dict) -> list[list]:
+    def table_rows(trace: dict) -> list[list]:
         """The node table's rows for one step (tokens shown as in the tree, cut at TOKEN_CHARS)."""
         return [[r["node"], json.dumps(r["path"]), figures.token_label(r["token_text"], TOKEN_CHARS), r["head_prob"],
                  r["path_prob"], r["status"], r["why"]] for r in figures.node_rows(trace)]
@@ -196,7 +196,7 @@ class DecodeTab:
         i = step_index(step, len(run.traces)) if run is not None else None
         if i is None:
             return None
-        return (self.tree_drawing(session, i, view), self.head_figure(run, i), self.node_table(run.traces[i]),
+        return (self.tree_drawing(session, i, view), self.head_figure(run, i), self.table_rows(run.traces[i]),
                 self.run_chart(run, i), text_html(run.text, run.ends, i), i)
 
     def load_run(self, session: Session, run_id: object) -> str:
@@ -376,7 +376,7 @@ class DecodeTab:
             session, run = got
             last = len(run.traces) - 1
             tree_fig = self.tree_drawing(session, last, tree_view(session, prune_v, show, None))
-            return (skip if tree_fig is None else tree_fig, self.node_table(run.traces[last]),
+            return (skip if tree_fig is None else tree_fig, self.table_rows(run.traces[last]),
                     gr.update(choices=self.collapse_choices(session), value=[]))
 
         def closing_heads(stats, request: gr.Request):
@@ -471,7 +471,7 @@ class DecodeTab:
                 return (msg,) + (skip,) * (11 + len(restore_out))
             last = len(run.traces) - 1
             tree_fig = self.tree_drawing(session, last, tree_view(session, prune_v, show, None))
-            head_fig, table = self.head_figure(run, last), self.node_table(run.traces[last])
+            head_fig, table = self.head_figure(run, last), self.table_rows(run.traces[last])
             run_fig, heat_fig, calib_fig = self.run_figures(session, last)
             d = self.wb.store.run_dir(run.run_id)
             c = self.restored_controls(run)
