@@ -2,6 +2,8 @@
 the head panel at a selected step, the node table's space marker, playback that Pause stops, a run
 that loads back with its controls, and a second job click that is refused aloud."""
 
+import json
+
 import pytest
 
 import trees
@@ -114,11 +116,12 @@ def test_every_event_that_draws_a_steps_figures_waits_its_turn(wb):
     from workbench.app import build_app
     from workbench.tabs.decode import FIGURES_QUEUE
 
-    plots = {"tree-plot", "head-plot", "run-plot", "heat-plot"}
+    plots = {"tree-plot", "head-plot", "run-plot", "heat-plot", "calib-plot"}
     app = build_app(wb)
     draws = [fn for fn in app.fns.values() if plots & {getattr(o, "elem_id", None) for o in fn.outputs}]
     names = {fn.name for fn in draws}
-    assert {"closing_figures", "redraw", "view_input", "select", "tick", "load_run"} <= names, names
+    assert {"closing_tree", "closing_heads", "closing_run", "closing_saved", "redraw", "view_input", "select", "tick",
+            "load_run"} <= names, names
     assert [(fn.name, fn.concurrency_id, fn.concurrency_limit) for fn in draws
             if (fn.concurrency_id, fn.concurrency_limit) != (FIGURES_QUEUE, 1)] == []
     # a value the server sets draws nothing, except the collapse list (its clear button sends no input event);
@@ -145,3 +148,58 @@ def test_a_draw_uses_the_view_the_user_set_last_not_the_one_it_was_sent_with():
     assert tree_view(s, 0.05, False, ["[0]"]) == figures.TreeView(0.05, False, frozenset({(0,)}))
     s.tree_view = (0.1, True)  # what the user's last prune / show-every-node input set
     assert tree_view(s, 0.02, False, ["[0]"]) == figures.TreeView(0.1, True, frozenset({(0,)}))
+
+
+def test_a_runs_end_reaches_the_page_in_small_messages(wb):
+    """Each event's message is one task on the page's main thread: the stream carries only the text, the
+    stats and the step (its completion message repeats them all), and the run's end draws at most two
+    figures an event (all six in one message made the page's longest task, issue 31)."""
+    from workbench.app import build_app
+
+    app = build_app(wb)
+    elem = lambda fn: [getattr(o, "elem_id", None) for o in fn.outputs]  # noqa: E731
+    (stream,) = [fn for fn in app.fns.values() if fn.name == "decode_stream"]
+    assert elem(stream) == ["stats", "out-text", "step-slider"]
+    closing = [fn for fn in app.fns.values() if fn.name.startswith("closing_")]
+    assert len(closing) == 4
+    assert all(sum(isinstance(o, __import__("gradio").Plot) for o in fn.outputs) <= 2 for fn in closing)
+
+
+def test_the_same_tree_is_not_sent_to_the_page_twice(tabs, session):
+    """A run's end empties the collapse list, and its change event asked for the tree the closing figures
+    had just drawn: the same (run, step, view) gives None (nothing to send); any change draws."""
+    from workbench.session import Session
+
+    s = Session("drawn")
+    s.run = session.run
+    view = figures.TreeView(0.02, False, frozenset())
+    assert tabs.decode.tree_drawing(s, 3, view) is not None
+    assert tabs.decode.tree_drawing(s, 3, view) is None
+    assert tabs.decode.tree_drawing(s, 4, view) is not None
+    assert tabs.decode.tree_drawing(s, 4, figures.TreeView(0.02, True, frozenset())) is not None
+    s.run = RunState(session.run.settings)  # a new run with the same steps: drawn again
+    for t, p in zip(session.run.traces, session.run.pieces):
+        s.run.add(t, p)
+    assert tabs.decode.tree_drawing(s, 4, figures.TreeView(0.02, True, frozenset())) is not None
+
+
+def test_a_runs_end_draws_every_figure_of_its_last_step(wb, session):
+    """The closing events, called as the page calls them once the app is built (a method named like a
+    component the layout sets would be shadowed by it): the last step's tree, table, heads, run chart,
+    heatmap and calibration all come, and the saved runs' list."""
+    from types import SimpleNamespace
+
+    import gradio as gr
+
+    from workbench.app import build_app
+
+    app = build_app(wb)
+    fns = {fn.name: fn.fn for fn in app.fns.values() if fn.name.startswith("closing_")}
+    page = SimpleNamespace(session_hash=session.id)
+    values = [*fns["closing_tree"]("done", 0.02, False, page), fns["closing_heads"]("done", page),
+              *fns["closing_run"]("done", page), *fns["closing_saved"]("done", page)]
+    plots, table = [values[0], *values[3:7]], values[1]
+    assert all(p is not None and not isinstance(p, dict) for p in plots), plots
+    assert len(table) == len(session.run.traces[-1]["tree"]) + 1
+    assert session.run.run_id in json.dumps(values[7].get("choices"))
+    assert fns["closing_heads"]("✗ failed", page) == gr.update()  # a failed run draws nothing

@@ -205,11 +205,11 @@ class SteppedClock:
         return getattr(time, name)
 
 
-@pytest.mark.parametrize("per_step", [1 / 16, 1 / 4])
+@pytest.mark.parametrize("per_step", [1 / 16, 1 / 2])
 def test_streaming_is_throttled_not_resent_and_draws_no_figures(tabs, wb, monkeypatch, per_step):
     """Text updates come at most every THROTTLE_S, plus the last step's and the closing update; the text
     only grows at its end; no streamed update carries a step to draw (figures are drawn once, for the
-    selected step, at the end). At 1/16 s a step that is a text update every 4th step; at 1/4 s (no
+    selected step, at the end). At 1/16 s a step that is a text update every 8th step; at 1/2 s (no
     faster than the throttle) every step."""
     from workbench.tabs import decode as decode_tab
 

@@ -146,6 +146,7 @@ class Session:
     waiting: bool = False  # a job's button was clicked and its job has not started (nor failed before starting)
     playing: bool = False  # the Decode tab's playback is on (its timer's ticks advance the step)
     tree_view: tuple[float, bool] | None = None  # Decode's prune and show-every-node as the user last set them
+    tree_drawn: tuple | None = None  # Decode: (run, step, view) of the step tree the page was last sent
     closed: bool = False  # its client went away
 
     def check_stop(self) -> None:

@@ -13,7 +13,8 @@ bytes_total only.)
 
 Then the page's weight over long runs (issue 31), per tree (63 and 255 nodes): three rounds of a
 1,000-token run driven from the page, each followed by the same run through the API; per round the
-main thread's long tasks (PerformanceObserver 'longtask': count, sum, max), the DOM after a garbage
+main thread's long tasks (PerformanceObserver 'longtask': count, sum, max) and busy seconds from the click to
+1.5 s after the end (Performance.getMetrics: tasks, script, style, layout), the DOM after a garbage
 collection (Memory.getDOMCounters: nodes and listeners, and how many nodes are detached from the
 document), and tokens/s from the page and from the API. Last, Stop from two pages at once (the
 second page's run waits in the queue behind the first's) under `--load` busy processes: seconds from
@@ -200,10 +201,21 @@ def dom_counts(pg, cdp) -> dict:
             "detached": max(0, c["nodes"] - live)}
 
 
+def main_thread_s(cdp) -> dict:
+    """Seconds the page's main thread has spent so far (Performance.getMetrics): in all tasks, in script,
+    in style and in layout. Long tasks show the worst moments; this shows what the page took from the
+    CPU that the decode shares."""
+    m = {x["name"]: x["value"] for x in cdp.send("Performance.getMetrics")["metrics"]}
+    return {"tasks": m["TaskDuration"], "script": m["ScriptDuration"], "style": m["RecalcStyleDuration"],
+            "layout": m["LayoutDuration"]}
+
+
 def heavy_round(pg, cdp, client, tree: str, tokens: int) -> dict:
-    """One 1,000-token run from the page (long tasks and DOM after it), then the same run through the API."""
+    """One 1,000-token run from the page (long tasks, main-thread time and DOM after it), then the same run
+    through the API."""
     set_number(pg, "max new tokens", tokens)
     pg.evaluate("() => { window.__long = []; }")
+    busy0 = main_thread_s(cdp)
     t0 = time.perf_counter()
     pg.get_by_role("button", name="Generate").click()
     # polled every 100 ms, not every frame: a per-frame check keeps the page rendering 60 frames a
@@ -213,6 +225,7 @@ def heavy_round(pg, cdp, client, tree: str, tokens: int) -> dict:
     page_wall = time.perf_counter() - t0
     pg.wait_for_timeout(1500)  # the closing update and the figures of the last step are drawn
     longs = pg.evaluate("() => window.__long")
+    busy = {k: round(v - busy0[k], 2) for k, v in main_thread_s(cdp).items()}  # the run and its end
     page_stats = pg.locator("#stats").inner_text()
     dom = dom_counts(pg, cdp)
     t0 = time.perf_counter()
@@ -221,7 +234,7 @@ def heavy_round(pg, cdp, client, tree: str, tokens: int) -> dict:
     page_tps, api_tps = tokens_per_s(page_stats), tokens_per_s(api.get("stats", ""))
     return {"page_stats": page_stats, "api_stats": api.get("stats"), "longtasks": {"n": len(longs), "sum_ms": round(sum(longs)),
                                                    "max_ms": round(max(longs, default=0))},
-            "dom": dom, "page_tokens_per_s": page_tps, "api_tokens_per_s": api_tps,
+            "main_thread_s": busy, "dom": dom, "page_tokens_per_s": page_tps, "api_tokens_per_s": api_tps,
             "api_over_page": round(api_tps / page_tps, 3) if page_tps and api_tps else None,
             "page_click_to_done_s": round(page_wall, 2), "api_call_s": round(api_wall, 2)}
 
@@ -234,6 +247,7 @@ def heavy_runs(browser, url: str, trees_: list[str], tokens: int, rounds: int = 
     for tree in trees_:
         pg = open_page(browser, url, PAGE_CLOCK)
         cdp = pg.context.new_cdp_session(pg)
+        cdp.send("Performance.enable")
         choose(pg, "tree", tree)
         before = dom_counts(pg, cdp)
         rs = [heavy_round(pg, cdp, client, tree, tokens) for _ in range(rounds)]
@@ -242,6 +256,7 @@ def heavy_runs(browser, url: str, trees_: list[str], tokens: int, rounds: int = 
                      "dom_growth_run1_to_run3": rs[-1]["dom"]["nodes"] - rs[0]["dom"]["nodes"],
                      "longtask_max_ms": max(r["longtasks"]["max_ms"] for r in rs),
                      "longtask_sum_ms": [r["longtasks"]["sum_ms"] for r in rs],
+                     "main_thread_s": [r["main_thread_s"]["tasks"] for r in rs],
                      "api_over_page": [r["api_over_page"] for r in rs]}
         pg.context.close()
     return out

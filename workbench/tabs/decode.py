@@ -24,7 +24,10 @@ from ..session import RunState, Session, UserError, step_index, user_message
 from ..store import StoreError
 
 log = logging.getLogger("workbench")
-THROTTLE_S = 0.25  # streamed text and stats: at most four updates a second, whatever the step rate
+# streamed text and stats: at most two updates a second, whatever the step rate. Each update costs the page work
+# that does not shrink with its size (Gradio looks up and snapshots every output, the HTML component parses and
+# merges its whole text again), on the CPU the decode shares on a small machine
+THROTTLE_S = 0.5
 TABLE_HEADERS = ["node", "path", "token", "head p", "path p", "status", "why"]
 FIGURE_NAMES = ("step_tree", "heads", "run", "acceptance", "calibration")
 FAILED = "✗ "  # how the stats line starts when a run did not happen (then no figures follow)
@@ -140,40 +143,61 @@ class DecodeTab:
         i = step_index(step, len(run.traces)) if run is not None else None
         if i is None:
             return None, None, []
-        tr = run.traces[i]
-        rows = figures.node_rows(tr)
-        table = [[r["node"], json.dumps(r["path"]), figures.token_label(r["token_text"], TOKEN_CHARS), r["head_prob"],
-                  r["path_prob"], r["status"], r["why"]] for r in rows]
-        acc = run.head_hits_until(i)
-        return (figures.step_tree_figure(tr, view), figures.head_panel(tr, figures.next_tokens(run.traces, i), acc), table)
+        return figures.step_tree_figure(run.traces[i], view), self.head_figure(run, i), self.table_rows(run.traces[i])
 
     @staticmethod
-    def shown_tree(fig, session: Session):
-        """The step tree as the page gets it: the wheel zooms it, and the zoom stays from step to step."""
-        if fig is None or session.run is None or not session.run.traces:
-            return fig
-        return zoomable(fig, f"tree-{len(session.run.traces[0]['tree'])}")
+    def table_rows(trace: dict) -> list[list]:
+        """The node table's rows for one step (tokens shown as in the tree, cut at TOKEN_CHARS)."""
+        return [[r["node"], json.dumps(r["path"]), figures.token_label(r["token_text"], TOKEN_CHARS), r["head_prob"],
+                 r["path_prob"], r["status"], r["why"]] for r in figures.node_rows(trace)]
+
+    @staticmethod
+    def head_figure(run: RunState, i: int):
+        """Step i's head panel, with each head's top-1 accuracy as it stood at that step."""
+        return figures.head_panel(run.traces[i], figures.next_tokens(run.traces, i), run.head_hits_until(i))
+
+    @staticmethod
+    def tree_drawing(session: Session, step: object, view: figures.TreeView):
+        """The step tree as the page gets it (the wheel zooms it, and the zoom stays from step to step), or
+        None when there is no such step or when the page shows exactly this drawing already: a run's end
+        empties the collapse list, whose change event drew the tree the closing figures had just drawn
+        (a 255-node tree is one of the page's costliest draws)."""
+        run = session.run
+        i = step_index(step, len(run.traces)) if run is not None else None
+        if i is None:
+            return None
+        drawn = session.tree_drawn
+        if drawn is not None and drawn[0] is run and drawn[1:] == (i, view):
+            return None
+        session.tree_drawn = (run, i, view)
+        return zoomable(figures.step_tree_figure(run.traces[i], view), f"tree-{len(run.traces[0]['tree'])}")
+
+    @staticmethod
+    def run_chart(run: RunState | None, selected: int | None = None):
+        """Tokens per step over the run, `selected` marked; None without steps."""
+        if run is None or not run.traces:
+            return None
+        return figures.run_chart([len(t["accepted_tokens"]) for t in run.traces], selected)
 
     def run_figures(self, session: Session, selected: int | None = None):
         """(run chart, acceptance heatmap, calibration) of the session's run."""
         run = session.run
         if run is None or not run.traces:
             return None, None, None
-        per_step = [len(t["accepted_tokens"]) for t in run.traces]
         depth = max((len(p) for p in run.traces[0]["tree"]), default=0)
         accepted = [len(t["accepted_nodes"]) - 1 for t in run.traces]
-        return (figures.run_chart(per_step, selected), figures.acceptance_heatmap(accepted, depth) if depth else None,
+        return (self.run_chart(run, selected), figures.acceptance_heatmap(accepted, depth) if depth else None,
                 figures.calibration_figure(run.traces))
 
     def select(self, session: Session, step: object, view: figures.TreeView):
-        """Everything that shows one step: (tree, heads, table, run chart, text, step) or None."""
+        """Everything that shows one step: (tree, heads, table, run chart, text, step) or None; the tree is
+        None when the page shows it already."""
         run = session.run
         i = step_index(step, len(run.traces)) if run is not None else None
         if i is None:
             return None
-        tree_fig, head_fig, table = self.step_view(session, i, view)
-        return (self.shown_tree(tree_fig, session), head_fig, table, self.run_figures(session, i)[0],
-                text_html(run.text, run.ends, i), i)
+        return (self.tree_drawing(session, i, view), self.head_figure(run, i), self.table_rows(run.traces[i]),
+                self.run_chart(run, i), text_html(run.text, run.ends, i), i)
 
     def load_run(self, session: Session, run_id: object) -> str:
         try:
@@ -305,7 +329,7 @@ class DecodeTab:
             self.run_plot = gr.Plot(show_label=False, elem_id="run-plot")
             self.heat_plot = gr.Plot(show_label=False, elem_id="heat-plot")
         with gr.Accordion("calibration, downloads and saved runs", open=False):
-            self.calib_plot = gr.Plot(show_label=False)
+            self.calib_plot = gr.Plot(show_label=False, elem_id="calib-plot")
             self.fig_btn = page.figure_exports(dict(zip(FIGURE_NAMES, [self.tree_plot, self.head_plot, self.run_plot,
                                                                        self.heat_plot, self.calib_plot])), "decode")
             with gr.Row():
@@ -328,38 +352,61 @@ class DecodeTab:
             for ev in self.decode(session, prompt, tree_choice, editor_text, mode, accept, temperature, top_p, seed,
                                   max_new):
                 if "error" in ev:
-                    yield (f"{FAILED}{ev['error']}",) + (skip,) * 5
+                    yield f"{FAILED}{ev['error']}", skip, skip
                     return
-                run = ev.get("run") or session.run
                 last = max(0, ev["steps"] - 1)
-                steps = gr.update(maximum=max(1, last), value=last)
-                if not ev["done"]:
-                    yield ev["stats"], ev["html"], steps, skip, skip, skip
-                    continue
-                yield (ev["stats"], ev["html"], steps, gr.update(choices=self.run_choices()),
-                       gr.update(choices=self.collapse_choices(session), value=[]),
-                       f"saved as run {run.run_id}" if run is not None and run.run_id else self.runs_note())
+                yield ev["stats"], ev["html"], gr.update(maximum=max(1, last), value=last)
 
-        def closing_figures(stats, prune_v, show, request: gr.Request):
-            """The last step's figures, once, after the stream: a generator's completion message repeats
-            its last values whole, so figures streamed with them were sent, cloned and set twice."""
+        def ended(stats, request: gr.Request) -> tuple[Session, RunState] | None:
+            """(session, run) when the run that just ended has steps to draw."""
             session = page.session(request)
             run = session.run
             if str(stats).startswith(FAILED) or run is None or not run.traces:
-                return (skip,) * 6
-            last = len(run.traces) - 1
-            tree_fig, head_fig, table = self.step_view(session, last, tree_view(session, prune_v, show, None))
-            run_fig, heat_fig, calib_fig = self.run_figures(session, last)
-            tree_fig = self.shown_tree(tree_fig, session)
-            return (tree_fig if tree_fig is not None else skip, head_fig if head_fig is not None else skip, table,
-                    run_fig, heat_fig if heat_fig is not None else skip, calib_fig)
+                return None
+            return session, run
 
-        decode_out = [self.stats, self.out_html, self.step, self.runs_pick, self.collapse, self.runs_msg]
+        # The run's end, as a chain of small events in the figures' group: each is one message, and so one task
+        # on the page's main thread, where all six figures in one message made the page's longest task.
+        # The stream itself carries only the text, the stats and the step (its completion message repeats them).
+        def closing_tree(stats, prune_v, show, request: gr.Request):
+            """The last step's tree and node table, and the new tree's nodes in the collapse list."""
+            got = ended(stats, request)
+            if got is None:
+                return skip, skip, skip
+            session, run = got
+            last = len(run.traces) - 1
+            tree_fig = self.tree_drawing(session, last, tree_view(session, prune_v, show, None))
+            return (skip if tree_fig is None else tree_fig, self.table_rows(run.traces[last]),
+                    gr.update(choices=self.collapse_choices(session), value=[]))
+
+        def closing_heads(stats, request: gr.Request):
+            got = ended(stats, request)
+            return skip if got is None else self.head_figure(got[1], len(got[1].traces) - 1)
+
+        def closing_run(stats, request: gr.Request):
+            """The run chart and the acceptance heatmap; the calibration (in a closed accordion) and the
+            saved runs' list come last."""
+            got = ended(stats, request)
+            if got is None:
+                return skip, skip
+            run_fig, heat_fig, _ = self.run_figures(got[0], len(got[1].traces) - 1)
+            return run_fig, skip if heat_fig is None else heat_fig
+
+        def closing_saved(stats, request: gr.Request):
+            got = ended(stats, request)
+            if got is None:
+                return skip, skip, skip
+            run = got[1]
+            return (figures.calibration_figure(run.traces), gr.update(choices=self.run_choices()),
+                    f"saved as run {run.run_id}" if run.run_id else self.runs_note())
+
         job = page.job(self.run_btn, decode_stream, [self.prompt, self.tree, page.editor, self.mode, self.accept,
                                                      self.temperature, self.top_p, self.seed, self.max_new],
-                       decode_out, begun="⏳ decoding…")
-        job.then(closing_figures, [self.stats] + fresh_view_in, [self.tree_plot, self.head_plot, self.node_table,
-                                                           self.run_plot, self.heat_plot, self.calib_plot], **DRAWS)
+                       [self.stats, self.out_html, self.step], begun="⏳ decoding…")
+        (job.then(closing_tree, [self.stats] + fresh_view_in, [self.tree_plot, self.node_table, self.collapse], **DRAWS)
+            .then(closing_heads, self.stats, self.head_plot, **DRAWS)
+            .then(closing_run, self.stats, [self.run_plot, self.heat_plot], **DRAWS)
+            .then(closing_saved, self.stats, [self.calib_plot, self.runs_pick, self.runs_msg], **DRAWS))
         page.stop_button(self.stop_btn, self.stats)
 
         select_out = [self.tree_plot, self.head_plot, self.node_table, self.run_plot, self.out_html, self.step]
@@ -367,7 +414,9 @@ class DecodeTab:
         def select(s, prune_v, show, collapsed, request: gr.Request):
             session = page.session(request)
             shown = self.select(session, s, tree_view(session, prune_v, show, collapsed))
-            return (skip,) * 6 if shown is None else shown[:5] + (gr.update(value=shown[5]),)
+            if shown is None:
+                return (skip,) * 6
+            return tuple(skip if v is None else v for v in shown[:5]) + (gr.update(value=shown[5]),)
 
         self.step.release(select, [self.step] + view_in, select_out, **DRAWS)
 
@@ -381,8 +430,8 @@ class DecodeTab:
 
         def redraw(s, prune_v, show, collapsed, request: gr.Request):
             session = page.session(request)
-            tree_fig, _, _ = self.step_view(session, s, tree_view(session, prune_v, show, collapsed))
-            return self.shown_tree(tree_fig, session) if tree_fig is not None else skip
+            tree_fig = self.tree_drawing(session, s, tree_view(session, prune_v, show, collapsed))
+            return skip if tree_fig is None else tree_fig
 
         def view_input(s, prune_v, show, collapsed, request: gr.Request):
             """A user's prune or show-every-node input: remembered as the view every later draw uses."""
@@ -421,8 +470,8 @@ class DecodeTab:
             if msg.startswith("✗") or run is None:
                 return (msg,) + (skip,) * (11 + len(restore_out))
             last = len(run.traces) - 1
-            tree_fig, head_fig, table = self.step_view(session, last, tree_view(session, prune_v, show, None))
-            tree_fig = self.shown_tree(tree_fig, session)
+            tree_fig = self.tree_drawing(session, last, tree_view(session, prune_v, show, None))
+            head_fig, table = self.head_figure(run, last), self.table_rows(run.traces[last])
             run_fig, heat_fig, calib_fig = self.run_figures(session, last)
             d = self.wb.store.run_dir(run.run_id)
             c = self.restored_controls(run)
