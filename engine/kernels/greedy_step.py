@@ -9,11 +9,13 @@ whatever its size (benchmarks/README.md, "SmolLM2-shape step"). Here it is:
   `greedy_accept` 1 launch    the accepted path, packed step, next root and lengths, compaction slots
   `trace_fields`  1 launch    the step trace (traced steps only: the untraced step runs no extra kernel)
 The torch code these replace is their reference (`decode.tree_forward`'s unfused branch, and
-`decode.trace_fields`); tests/test_kernels_gpu.py compares them on random inputs, and the engine's
+`decode.trace_fields`); tests/test_greedy_step_gpu.py compares them on random inputs, and the engine's
 greedy Medusa must still equal AR token for token under graphs.
 
-Ties: `row_topk` ranks equal values by index (smallest first), as torch.argmax does for the top-1.
-The order of tied values inside the heads' top-k changes only which node drafts which token.
+Ties: `row_topk` ranks equal values by index (smallest first), as torch.argmax does for the top-1:
+the target's argmax at every node is then the AR step's, so greedy Medusa == AR does not depend on
+tie order. For the heads' top-k (bf16 logits tie often) the order decides which tied token is
+drafted where, or at all when the tie is at the k-th place: speed, never the output.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ try:
 except ImportError:  # CPU-only installs use the references
     triton = None
 
-MICRO = 1_000_000  # as decode.MICRO: traced probabilities travel as integers in millionths
 CHUNK = 2048  # vocabulary entries per program in row_topk's first pass
 
 
@@ -41,7 +42,7 @@ class TopK:
 
 @dataclass
 class Accepted:
-    packed: torch.Tensor  # [B, 1 + 2W]: kept, W accepted nodes, their W tokens (decode.StepTensors)
+    packed: torch.Tensor  # [B, 1 + 2W (+ trace width)]: kept, W accepted nodes, their W tokens, then the trace
     nodes: torch.Tensor  # [B, W] accepted path, root first, padded by repeating its last node
     kept: torch.Tensor  # [B]
     root: torch.Tensor  # [B] next root: the target's argmax at the last kept node
@@ -71,7 +72,8 @@ if triton is not None:
         top = tl.max(x, axis=0)
         out = (row * n_chunks + c)
         tl.store(Max + out, top)
-        tl.store(SumExp + out, tl.sum(tl.exp(x - top), axis=0))
+        # a chunk of only -inf (masked vocabulary) adds nothing (exp(x - top) would be exp(NaN) there)
+        tl.store(SumExp + out, tl.sum(tl.exp(x - tl.where(top == float("-inf"), 0.0, top)), axis=0))
         for i in range(K):
             j = tl.argmax(x, axis=0)
             tl.store(Vals + out * K + i, tl.max(x, axis=0))
@@ -190,7 +192,8 @@ def _pow2(n: int, least: int = 16) -> int:
 def row_topk(x: torch.Tensor, k: int) -> TopK:
     """`row_topk_reference` over the last dim of a CUDA tensor [A, C, V] (any float dtype; V
     contiguous, A and C any strides: the heads' logits are [B, K, V] transposed from [K, B, V]),
-    rows in order a * C + c, in two launches. Rows must hold at least k finite values."""
+    rows in order a * C + c, in two launches. Rows must hold at least k finite values (a chunk of
+    only -inf adds nothing to the log-sum-exp)."""
     outer, inner, vocab = x.shape
     if x.stride(2) != 1:
         raise ValueError("row_topk needs the last dim contiguous")
