@@ -313,7 +313,7 @@ def many_sessions(url: str, n: int, server_pid: int, sample_every: int = 10) -> 
             failed += "token_ids" not in _predict(client, f"def f{i}(x):\n", "demo_tuned", 8)
         finally:
             client.close()
-        if (i + 1) % sample_every == 0:
+        if (i + 1) % sample_every == 0 or i + 1 == n:  # and after the last, so fewer than sample_every still measure
             curve.append([i + 1, round(rss_mib(server_pid), 1)])
     return {"sessions": n, "failed": failed, "rss_mib_curve": curve,
             "after_warmup": change_after_warmup([m for _, m in curve], max(1, len(curve) // 5))}
