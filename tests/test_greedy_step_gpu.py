@@ -10,6 +10,7 @@ import zlib
 import pytest
 import torch
 from conftest import DTYPE_IDS, QUICK
+from test_kernels_gpu import random_tree
 
 import trees
 from engine import decode
@@ -30,17 +31,6 @@ def dtype_id(value):
 
 def gen_of(*case) -> torch.Generator:
     return torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
-
-
-def random_tree(n: int, g: torch.Generator, topk: int = 10, depth: int = 6) -> list[list[int]]:
-    paths: list[list[int]] = []
-    while len(paths) < n:
-        options = [[]] + [p for p in paths if len(p) < depth]
-        parent = options[int(torch.randint(0, len(options), (1,), generator=g))]
-        child = parent + [int(torch.randint(0, topk, (1,), generator=g))]
-        if child not in paths:
-            paths.append(child)
-    return paths
 
 
 @pytest.mark.parametrize("outer, inner, vocab, dtype, k", [
@@ -77,7 +67,7 @@ def micro_tolerance(*logits) -> float:
 
 def _step_inputs(n: int, batch: int, vocab: int, case):
     g = gen_of(*case)
-    buf = trees.buffers(random_tree(n, g), topk=10).to(DEV)
+    buf = trees.buffers(random_tree(n, zlib.crc32(repr(case).encode())), topk=10).to(DEV)
     heads = buf.retrieve_indices.shape[1] + 1
     head_logits = torch.randn(batch, heads, vocab, generator=g).to(DEV)
     root = torch.randint(0, vocab, (batch,), generator=g).to(DEV)
