@@ -107,6 +107,11 @@ def _micro(p: torch.Tensor) -> torch.Tensor:
     return (p * MICRO).round().long()
 
 
+def trace_width(nodes: int, heads: int, topk: int) -> int:
+    """Columns of a step trace (`trace_fields`): five per node, two per head candidate."""
+    return 5 * nodes + 2 * heads * topk
+
+
 def trace_fields(logits: torch.Tensor, node_tokens: torch.Tensor, parent: torch.Tensor,
                  head_logits: torch.Tensor | None, topk: int, rule: Rule = RULES["greedy"],
                  params: SamplingParams | None = None) -> torch.Tensor:
@@ -162,7 +167,7 @@ def _ar_trace(model: Transformer, packed: torch.Tensor, logits: torch.Tensor, ro
         return torch.cat((packed, trace_fields(logits[:, None], root[:, None], parent, drafted_from, topk)), 1)
     heads = greedy_step.row_topk(drafted_from, topk) if drafted_from is not None else None
     k = 0 if drafted_from is None else drafted_from.shape[1]
-    out = torch.empty(packed.shape[0], 3 + greedy_step.trace_width(1, k, topk), dtype=torch.long, device=root.device)
+    out = torch.empty(packed.shape[0], 3 + trace_width(1, k, topk), dtype=torch.long, device=root.device)
     out[:, :3] = packed
     greedy_step.trace_fields(out[:, 3:], root[:, None], parent, logits[:, None], greedy_step.row_topk(logits[:, None], 1),
                              heads, topk)
@@ -228,7 +233,7 @@ def _tree_forward_fused(model: Transformer, heads: MedusaHeads, buf: TreeBuffers
                    span=span or max(state.host_lengths) + t)  # [B, T, d]
     logits = model.lm_head(hidden)  # [B, T, V] in the model's dtype: the kernels read it as it is
     target = greedy_step.row_topk(logits, 1)
-    width = greedy_step.trace_width(t, k, buf.topk) if trace else 0
+    width = trace_width(t, k, buf.topk) if trace else 0
     acc = greedy_step.greedy_accept(buf.retrieve_indices, node_tokens, target.ids.view(b, t), start, width)
     model.cache.compact(acc.src, acc.dst)
     state.head_logits = _head_logits(heads, model, hidden.view(b * t, -1)[acc.last_row])
@@ -247,7 +252,7 @@ def finish_step(state: DecodeState, st: StepTensors, rows: list[list[int]] | Non
     t, k, topk = st.nodes, st.heads, st.topk
     for r, row in enumerate(rows):
         kept = row[0]
-        w = (len(row) - 1 - (5 * t + 2 * k * topk if st.traced else 0)) // 2
+        w = (len(row) - 1 - (trace_width(t, k, topk) if st.traced else 0)) // 2
         state.host_lengths[r] += kept
         ev = StepEvent(row[1 + w : 1 + w + kept], row[1 : 1 + kept])
         if st.traced:

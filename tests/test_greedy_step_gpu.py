@@ -135,7 +135,7 @@ def test_trace_fields_match_reference(n, dtype):
     tokens = decode.draft(decode.DecodeState(start, start.tolist(), root, head_logits), buf)
     logits = (torch.randn(*tokens.shape, 3000, generator=g) * 7).to(dtype).to(DEV)
     logits[0, buf.parent.clamp(min=0)[1:], tokens[0, 1:]] = 50.0  # request 0: a child of each parent is its argmax
-    width = gs.trace_width(buf.num_nodes, head_logits.shape[1], buf.topk)
+    width = decode.trace_width(buf.num_nodes, head_logits.shape[1], buf.topk)
     packed = torch.full((3, 7 + width), -7, dtype=torch.long, device=DEV)
     gs.trace_fields(packed[:, 7:], tokens, buf.parent, logits, gs.row_topk(logits, 1), gs.row_topk(head_logits, buf.topk),
                     buf.topk)
@@ -160,7 +160,7 @@ def test_ar_trace_fields_match_reference(with_heads):
     head_logits = torch.randn(3, 4, 5000, generator=g).to(DEV) if with_heads else None
     parent = torch.tensor([-1], device=DEV)
     heads = gs.row_topk(head_logits, 10) if with_heads else None
-    out = torch.empty(3, gs.trace_width(1, 4 if with_heads else 0, 10), dtype=torch.long, device=DEV)
+    out = torch.empty(3, decode.trace_width(1, 4 if with_heads else 0, 10), dtype=torch.long, device=DEV)
     gs.trace_fields(out, root[:, None], parent, logits[:, None], gs.row_topk(logits[:, None], 1), heads, 10)
     want = decode.trace_fields(logits[:, None], root[:, None], parent, head_logits, 10)
     assert out.shape == want.shape and (out - want).abs().max() <= micro_tolerance(logits, head_logits)

@@ -43,8 +43,8 @@ class TopK:
 @dataclass
 class Accepted:
     packed: torch.Tensor  # [B, 1 + 2W (+ trace width)]: kept, W accepted nodes, their W tokens, then the trace
-    nodes: torch.Tensor  # [B, W] accepted path, root first, padded by repeating its last node
-    kept: torch.Tensor  # [B]
+    nodes: torch.Tensor  # [B, W] accepted path, root first, padded by repeating its last node (a view of packed)
+    kept: torch.Tensor  # [B] (a view of packed)
     root: torch.Tensor  # [B] next root: the target's argmax at the last kept node
     lengths: torch.Tensor  # [B] start + kept
     last_row: torch.Tensor  # [B] b * T + the last kept node: its row of the [B * T] hidden states feeds the next heads
@@ -115,7 +115,7 @@ if triton is not None:
         tl.store(Positions + b * T + t, tl.load(Start + b) + tl.load(PosIds + t, mask=ok, other=0), mask=ok)
 
     @triton.jit
-    def _greedy_accept(Retrieve, Tokens, Target, Start, Packed, Nodes, Kept, Roots, Lengths, LastRow, Src, Dst,
+    def _greedy_accept(Retrieve, Tokens, Target, Start, Packed, Roots, Lengths, LastRow, Src, Dst,
                        T, P, W, packed_stride, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr):
         """Program (request): every root-to-leaf path's accepted length (nodes whose token is the
         target's argmax at their parent, from the root down), the first longest path, and what
@@ -143,10 +143,8 @@ if triton is not None:
         tl.store(out, kept)
         tl.store(out + 1 + w, node, mask=wok)
         tl.store(out + 1 + W + w, tl.load(Tokens + b * T + node, mask=wok, other=0), mask=wok)
-        tl.store(Nodes + b * W + w, node, mask=wok)
         tl.store(Src + b * W + w, start + node, mask=wok)
         tl.store(Dst + b * W + w, start + tl.minimum(w, kept - 1), mask=wok)
-        tl.store(Kept + b, kept)
         tl.store(LastRow + b, b * T + last)
         tl.store(Roots + b, tl.load(Target + b * T + last))
         tl.store(Lengths + b, start + kept)
@@ -239,21 +237,17 @@ def greedy_accept(retrieve: torch.Tensor, tokens: torch.Tensor, target: torch.Te
     def new(*shape):
         return torch.empty(*shape, device=dev, dtype=torch.int64)
 
-    acc = Accepted(new(b, 1 + 2 * w + trace_width), new(b, w), new(b), new(b), new(b), new(b), new(b, w), new(b, w))
-    _greedy_accept[(b,)](retrieve, tokens, target.contiguous(), start, acc.packed, acc.nodes, acc.kept, acc.root,
+    packed = new(b, 1 + 2 * w + trace_width)
+    acc = Accepted(packed, packed[:, 1: 1 + w], packed[:, 0], new(b), new(b), new(b), new(b, w), new(b, w))
+    _greedy_accept[(b,)](retrieve, tokens, target.contiguous(), start, acc.packed, acc.root,
                          acc.lengths, acc.last_row, acc.src, acc.dst, t, paths, w, acc.packed.stride(0),
                          BLOCK_P=_pow2(paths, 1), BLOCK_D=_pow2(w - 1, 1), BLOCK_W=_pow2(w, 1))
     return acc
 
 
-def trace_width(nodes: int, heads: int, topk: int) -> int:
-    """Columns of a step trace (decode.trace_fields): five per node, two per head candidate."""
-    return 5 * nodes + 2 * heads * topk
-
-
 def trace_fields(out: torch.Tensor, tokens: torch.Tensor, parent: torch.Tensor, logits: torch.Tensor, target: TopK,
                  heads: TopK | None, topk: int) -> None:
-    """decode.trace_fields under greedy acceptance, written into out [B, trace_width] (a column
+    """decode.trace_fields under greedy acceptance, written into out [B, decode.trace_width] (a column
     slice of the packed step: rows may be strided), from what the step already computed: the
     target's top-1 and log-sum-exp per node (`target`, rows b * T + t) and the heads' top-k that
     drafted the step (`heads`, rows b * K + h; None: no head fields). logits [B, T, V], V contiguous."""
