@@ -49,7 +49,7 @@ def test_head_accuracy_counts_only_up_to_the_selected_step(tabs, session):
         replay.add(t, p)
     assert run.head_hits_until(3) == [tuple(h) for h in replay.head_hits]
     assert sum(t for _, t in run.head_hits_until(3)) < sum(t for _, t in run.head_hits)
-    panel = tabs.decode.head_figure(run, 3)
+    _, panel, _ = tabs.decode.step_view(session, 3)
     hits, total = run.head_hits_until(3)[0]
     assert any(f"top-1 right {hits}/{total} " in a.text for a in panel.layout.annotations)
 
@@ -61,7 +61,7 @@ def test_the_node_table_shows_a_space_token_visibly(tabs, session):
     if not spaced:
         pytest.skip("no space token drafted in this run")
     step, node = spaced[0]
-    table = tabs.decode.table_rows(run.traces[step])
+    _, _, table = tabs.decode.step_view(session, step)
     cell = table[node][2]
     assert cell.strip() and " " not in cell and cell == figures.token_label(run.traces[step]["node_text"][node], 40)
 

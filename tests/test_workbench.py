@@ -161,8 +161,7 @@ def test_stream_equals_ar_and_the_run_is_saved_and_reloadable(tabs, wb, run, dem
     other = wb.sessions.get("reloader")
     assert tabs.decode.load_run(other, run.run_id).startswith("loaded run")
     assert other.run.stream == run.stream and other.run.head_hits == run.head_hits
-    tree_fig = figures.step_tree_figure(other.run.traces[2], figures.TreeView())
-    head_fig, table = tabs.decode.head_figure(other.run, 2), tabs.decode.table_rows(other.run.traces[2])
+    tree_fig, head_fig, table = tabs.decode.step_view(other, 2)
     assert tree_fig.layout.title.text.startswith("step 2") and len(table) == 64 and head_fig.data
 
 

@@ -136,6 +136,15 @@ class DecodeTab:
         return {"html": text_html(run.text, run.ends), "stats": run.stats(), "steps": len(run.traces), "trace": None,
                 "done": False}
 
+    def step_view(self, session: Session, step: object, view: figures.TreeView = figures.TreeView()):
+        """(tree figure, head panel, node table rows) of one step of the session's run; (None, None, [])
+        when there is no run or `step` is not a number."""
+        run = session.run
+        i = step_index(step, len(run.traces)) if run is not None else None
+        if i is None:
+            return None, None, []
+        return figures.step_tree_figure(run.traces[i], view), self.head_figure(run, i), self.table_rows(run.traces[i])
+
     @staticmethod
     def table_rows(trace: dict) -> list[list]:
         """The node table's rows for one step (tokens shown as in the tree, cut at TOKEN_CHARS)."""
