@@ -45,7 +45,7 @@ def add_bench_arguments(p) -> None:
     p.add_argument("--traces", default=None, help="latency/batch: AR traces for the trees (default: chains)")
     p.add_argument("--sizes", type=_list, default=[4, 8, 12, 16, 24, 32, 48, 64], help="latency/batch: tree sizes")
     p.add_argument("--batches", type=_list, default=[1, 2, 4, 8], help="batch: batch sizes")
-    p.add_argument("--shapes", default="llama2-7b,llama3-8b", help="step: model shapes (llama2-7b, llama3-8b, smollm2-135m)")
+    p.add_argument("--shapes", default="llama2-7b,llama3-8b", help="step: model shapes (llama2-7b, llama3-8b, smollm2-135m, demo)")
     p.add_argument("--shape", default=None, help="e2e: a random-weight model of this shape (llama2-7b, llama3-8b, smollm2-135m) "
                    "with oracle drafts, instead of --model (CUDA)")
     p.add_argument("--prompt-len", type=positive_int, default=128, help="e2e --shape: random prompt tokens")

@@ -5,7 +5,8 @@ engine at the sizes Medusa exists for without trained heads.
 their hidden states) and proposes, for head k, the token AR wrote k+2 places later at a chosen rank
 (or not at all). Verification, compaction, graphs and host work all run for real; only the draft's
 quality is set. `bench --part e2e --shape llama2-7b` uses it on a random-weight 7B-shape model with
-per-head rank distributions measured on the demo model (docs/algorithm.md).
+per-head rank distributions measured on the demo model (docs/algorithm.md), on weights that
+`make_decisive` makes robust to bf16 rounding.
 """
 
 from __future__ import annotations
@@ -17,14 +18,18 @@ from torch import nn
 class OracleHeads(nn.Module):
     """Drop-in for MedusaHeads (`forward(h, lm_head_weight) -> [K, N, V]`). `table` [M, d]: hidden states
     of known positions; `targets` [M, K]: the token k+2 places after each (-1 past the end); `ranks`
-    [M, K]: where head k puts it (0 = top-1; -1 = not in its top-k). Decoys fill the ranks above."""
+    [M, K]: where head k puts it (0 = top-1; -1 = not in its top-k). Decoys fill the ranks above.
+    `cost`: real heads of the size being measured (e.g. random MedusaHeads), run every step and their
+    logits overwritten, so that a step pays what real heads cost; None: the oracle's own work only."""
 
     shared_lm_head = True
     num_layers = 1
 
-    def __init__(self, table: torch.Tensor, targets: torch.Tensor, ranks: torch.Tensor, vocab: int):
+    def __init__(self, table: torch.Tensor, targets: torch.Tensor, ranks: torch.Tensor, vocab: int,
+                 cost: nn.Module | None = None):
         super().__init__()
         self.num_heads = targets.shape[1]
+        self.cost = cost
         self.register_buffer("table", table.float())
         self.register_buffer("targets", targets.long())
         self.register_buffer("ranks", ranks.long())
@@ -36,24 +41,25 @@ class OracleHeads(nn.Module):
         """Gathers and scatters only (no boolean indexing, so no host sync): it runs inside CUDA graphs."""
         idx = torch.cdist(h.float(), self.table.to(h.device)).argmin(1)  # [N]: the position each state is at
         tgt, rnk = self.targets[idx].T, self.ranks[idx].T  # [K, N]
-        n = h.shape[0]
-        logits = self.noise[:, None, :].expand(-1, n, -1).clone()  # [K, N, V] in [0, 1)
+        noise = self.noise[:, None, :].expand(-1, h.shape[0], -1)  # [K, N, V] in [0, 1)
+        logits = (noise.to(h.dtype) if self.cost is None else self.cost(h, lm_head_weight).copy_(noise)).clone()
         known = tgt >= 0
         where = tgt.clamp(min=0)[..., None]  # [K, N, 1]; rows without a target rewrite index 0 unchanged
 
         def put(index, value, active):
-            logits.scatter_(-1, index, torch.where(active[..., None], value, logits.gather(-1, index)))
+            logits.scatter_(-1, index, torch.where(active[..., None], value.to(logits.dtype), logits.gather(-1, index)))
 
         put(where, torch.where(rnk >= 0, 10.0, -10.0)[..., None], known)  # shown at its rank, or below every candidate
         for j in range(self.max_rank):  # decoys above the target
             put((where + 1 + j) % self.vocab, torch.full_like(logits[..., :1], 20.0 - j), known & (rnk > j))
-        return logits.to(h.dtype)
+        return logits
 
 
 @torch.no_grad()
-def oracle_for(model, sequences: list[list[int]], starts: list[int], num_heads: int, rank_of) -> OracleHeads:
+def oracle_for(model, sequences: list[list[int]], starts: list[int], num_heads: int, rank_of,
+               cost: nn.Module | None = None) -> OracleHeads:
     """OracleHeads for full sequences (prompt + AR continuation); `starts[i]`: where sequence i's
-    output begins; `rank_of(output_index, head) -> rank or -1`."""
+    output begins; `rank_of(output_index, head) -> rank or -1`; `cost`: as OracleHeads'."""
     tables, targets, ranks = [], [], []
     dev = model.embed_tokens.weight.device
     for seq, s0 in zip(sequences, starts):
@@ -63,7 +69,36 @@ def oracle_for(model, sequences: list[list[int]], starts: list[int], num_heads: 
             targets.append([seq[p + 2 + k] if p + 2 + k < len(seq) else -1 for k in range(num_heads)])
             ranks.append([rank_of(p - s0 + 1, k) for k in range(num_heads)])
     return OracleHeads(torch.stack(tables), torch.tensor(targets), torch.tensor(ranks),
-                       model.args.vocab_size).to(dev)
+                       model.args.vocab_size, cost).to(dev)
+
+
+@torch.no_grad()
+def make_decisive(hf_model, residual_scale: float = 1e-5, reserved: int = 100, seed: int = 0) -> torch.Tensor:
+    """Rewrites a random-weight transformers Llama in place so that its greedy next token is a fixed
+    permutation of the current one, by a wide margin; returns the permutation (`succ[t]`).
+
+    Why: with plain random weights the logits are near-tied, so a tree step and an AR step (other
+    kernel shapes, other summation orders) round to different argmaxes within tens of bf16 tokens,
+    and an oracle built from the AR continuation stops matching. Here every layer still runs on
+    full-size weights (the timing is the model's), but the attention and MLP outputs are scaled by
+    `residual_scale`, so the final hidden state is the current token's embedding; lm_head row
+    succ[t] is that embedding normalised, so the winning logit is |u|^2 ~ d against ~4 sqrt(d) for
+    the best of the rest. Tokens below `reserved` (specials, EOS) are never produced; prompts must not
+    use them either (succ is -1 there: their next token is not decided)."""
+    inner = hf_model.model
+    for layer in inner.layers:
+        layer.self_attn.o_proj.weight.mul_(residual_scale)
+        layer.mlp.down_proj.weight.mul_(residual_scale)
+    emb = inner.embed_tokens.weight
+    vocab = emb.shape[0]
+    g = torch.Generator().manual_seed(seed)
+    succ = torch.full((vocab,), -1, dtype=torch.long)
+    succ[reserved:] = reserved + torch.randperm(vocab - reserved, generator=g)
+    unit = emb.float() * torch.rsqrt(emb.float().pow(2).mean(-1, keepdim=True) + 1e-6) * inner.norm.weight.float()
+    head = torch.zeros_like(hf_model.lm_head.weight, dtype=torch.float32)
+    head[succ[reserved:].to(emb.device)] = 0.02 * unit[reserved:]
+    hf_model.lm_head.weight.copy_(head)
+    return succ
 
 
 def sampled_ranks(rank_probs: list[list[float]], seed: int = 0):

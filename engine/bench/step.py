@@ -1,5 +1,6 @@
 """bench --part step (CUDA): one decoding step at the Llama-2-7B (MHA) and Llama-3-8B (GQA, 128k
-vocabulary) shapes, and at SmolLM2-135M's (30 thin layers: the launch-bound regime), with random bf16
+vocabulary) shapes, and at SmolLM2-135M's and the demo model's (30 and 5 thin layers: the launch-bound
+regime), with random bf16
 weights: our AR step and tree steps of 16/32/64 nodes (forward, lm_head, greedy verification,
 compaction, next heads) eager, replayed from a CUDA graph, and graphed with the fused kernels; against
 the weight-read floor and `transformers` generate on the same tensors. Our models are made by the
@@ -20,6 +21,8 @@ from ..loading import build_model, fill_model
 from .common import copy_bandwidth, cuda_ms
 
 SHAPES = {
+    "demo": dict(vocab_size=8192, hidden_size=384, intermediate_size=896, num_hidden_layers=5, num_attention_heads=6,
+                 num_key_value_heads=2, head_dim=64, max_position_embeddings=4096),
     "llama2-7b": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                       num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096),
     "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
@@ -31,8 +34,10 @@ TREE_SIZES = (16, 32, 64)
 HEAD_ACCURACY = [[0.6, 0.15, 0.08, 0.05, 0.03]] * 4  # shapes the benchmark trees (best-first under independence)
 
 
-def random_pair(shape: str, backend: str, fused: bool, hf=None, skinny_gemm: bool = False, dtype: str = "bfloat16"):
-    """(transformers model with random weights (bf16 unless told) on CUDA, our model sharing its tensors)."""
+def random_pair(shape: str, backend: str, fused: bool, hf=None, skinny_gemm: bool = False, dtype: str = "bfloat16",
+                decisive: bool = False):
+    """(transformers model with random weights (bf16 unless told) on CUDA, our model sharing its tensors).
+    decisive: the weights rewritten by `oracle.make_decisive` (greedy output robust to rounding)."""
     import torch
     import transformers
 
@@ -41,6 +46,10 @@ def random_pair(shape: str, backend: str, fused: bool, hf=None, skinny_gemm: boo
     if hf is None:
         with torch.device("cuda"):
             hf = transformers.LlamaForCausalLM._from_config(cfg, dtype=dt).eval()
+        if decisive:
+            from .oracle import make_decisive
+
+            make_decisive(hf)
     args = ModelArgs.from_hf_config({**cfg.to_dict(), "model_type": "llama"}, where=shape)
     ours, _, _ = fill_model(build_model(args, backend=backend, fused=fused, skinny_gemm=skinny_gemm),
                             hf.state_dict().items(), "cuda", dt, shape, share=True)
@@ -133,9 +142,12 @@ def queued_ms(graphs: StepGraphs, heads, buf, tree_key, state, iters: int = 50) 
 
 def gemm_table(model, bw: float) -> list[dict]:
     """Each projection of one layer (and lm_head) at M = 1, 16, 64 rows: cuBLAS (F.linear) against our
-    skinny GEMM, median µs, and the weight-read bandwidth each reaches over the measured copy bandwidth."""
+    skinny GEMM, µs per call, and the weight-read bandwidth each reaches over the measured copy
+    bandwidth. Timed as a step runs them: back to back inside one replayed CUDA graph, over enough
+    copies of the weight (>= 256 MB in all) that none is read from L2, so a call's time is its
+    kernels' and not a launch's or an event's (single timed calls read 0.4-0.8 of copy bandwidth where
+    the same GEMMs inside a step's graph read ~0.85 on average)."""
     import torch
-    import triton
 
     from ..kernels import gemv
 
@@ -145,18 +157,37 @@ def gemm_table(model, bw: float) -> list[dict]:
     rows = []
     for name, w in mats.items():
         n, k = w.shape
+        nbytes = n * k * w.element_size()
+        copies = [w] + [w.clone() for _ in range(max(1, -(-(256 << 20) // nbytes)) - 1)]
         for m in (1, 16, 64):
             x = torch.randn(m, k, device="cuda", dtype=w.dtype)
             ref = torch.nn.functional.linear(x, w)
             err = ((gemv.linear(x, w).float() - ref.float()).norm() / ref.float().norm()).item()
-            cublas = triton.testing.do_bench(lambda: torch.nn.functional.linear(x, w), warmup=25, rep=100,
-                                             return_mode="median") * 1e3
-            ours = triton.testing.do_bench(lambda: gemv.linear(x, w), warmup=25, rep=100, return_mode="median") * 1e3
-            nbytes = n * k * w.element_size()
-            rows.append({"matrix": name, "N": n, "K": k, "M": m, "cublas_us": round(cublas, 2), "ours_us": round(ours, 2),
+            cublas = graphed_us(lambda c: torch.nn.functional.linear(x, c), copies)
+            ours = graphed_us(lambda c: gemv.linear(x, c), copies)
+            rows.append({"matrix": name, "N": n, "K": k, "M": m, "copies": len(copies),
+                         "cublas_us": round(cublas, 2), "ours_us": round(ours, 2),
                          "cublas_of_copy_bw": round(nbytes / (cublas * 1e-6) / bw, 3),
                          "ours_of_copy_bw": round(nbytes / (ours * 1e-6) / bw, 3), "ours_rel_error": float(f"{err:.1e}")})
+        del copies
     return rows
+
+
+def graphed_us(call, weights: list, replays: int = 20) -> float:
+    """µs per call of `call(w)` for each w in turn, captured into one CUDA graph and replayed."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up off the capture: autotuning, cuBLAS workspaces
+        for w in weights:
+            call(w)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for w in weights:
+            call(w)
+    return cuda_ms(graph.replay, replays) * 1e3 / len(weights)
 
 
 def kernel_breakdown(fn, steps: int = 5) -> dict:
