@@ -5,6 +5,8 @@
 #   bash benchmarks/gpu_run.sh 1   one step at 7B/8B shapes; 7B-shape end to end with oracle drafts in float32
 #   bash benchmarks/gpu_run.sh 2   (FA4 installed, FLASH_ATTN_SITE set: fa4_install.sh) every GPU test, attention with FA4
 #   bash benchmarks/gpu_run.sh 3   demo end to end, triton and flash_attn; one 7B step with flash_attn
+#   bash benchmarks/gpu_run.sh shapes        7B-shape end to end and batch sweep (oracle drafts, bf16), one step at 7B and
+#                                            at the small shapes (about 8 minutes on an H100)
 #   bash benchmarks/gpu_run.sh quick         the gpu_quick tests: one case per kernel path, graphs on the demo
 #   bash benchmarks/gpu_run.sh attention     the full tree-attention grid against its reference (90 cases)
 #   bash benchmarks/gpu_run.sh kernels       every other kernel test (compaction, RoPE, norms, skinny GEMM, the greedy
@@ -26,6 +28,13 @@ tests() { local name=$1; shift; local t0=$SECONDS
 if [ "$part" = quick ]; then
   tests gpu_quick tests/test_kernels_gpu.py tests/test_greedy_step_gpu.py tests/test_graphs_gpu.py tests/test_flash4_gpu.py \
       tests/test_compact_stress_gpu.py -m gpu_quick
+elif [ "$part" = shapes ]; then
+  run gpu_e2e_llama2_7b python3 -m engine bench --part e2e --shape llama2-7b --prompts 4 --max-new-tokens 256 \
+      --no-stop-on-eos --rounds 2 --trees demo_tuned,mc_sim_7b_63
+  run gpu_batch_llama2_7b python3 -m engine bench --part batch --shape llama2-7b --prompts 4 --max-new-tokens 128 \
+      --batches 1,2,4,8,16,32 --trees demo_tuned,mc_sim_7b_63
+  run gpu_step_llama2_7b python3 -m engine bench --part step --shapes llama2-7b
+  run gpu_step_demo_smollm2 python3 -m engine bench --part step --shapes demo,smollm2-135m --prefix 256
 elif [ "$part" = attention ]; then
   tests gpu_attention_tests tests/test_kernels_gpu.py -k tree_attention_matches_reference
 elif [ "$part" = kernels ]; then

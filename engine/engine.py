@@ -270,6 +270,10 @@ class Engine:
         choices = self.resolve_tree(cfg.tree) if cfg.mode == "medusa" else None
         buf = trees.buffers(choices, topk=self.topk).to(self.device) if choices else None
         nodes = buf.num_nodes if buf is not None else 1
+        if self.model.cache is None or self.model.cache.batch < len(prompts):
+            # a batch that cannot fit even at one token a prompt is refused before all of it is tokenised
+            fewest = min(-(-(1 + cfg.max_new_tokens + nodes) // CACHE_GRANULE) * CACHE_GRANULE, self.max_seq_len + nodes)
+            self.check_cache_fits(len(prompts), fewest)
         batch = [self.encode(p, chat=cfg.chat) for p in prompts]
         for r, ids in enumerate(batch):
             if len(ids) + cfg.max_new_tokens > self.max_seq_len:

@@ -207,3 +207,32 @@ def test_skinny_gemm_matches_reference(dtype, m, n, k):
             out = gemv.linear(x, w, bias)
             assert out.dtype == dtype and out.shape == (m, n)
             assert rel_err(out, ref) < TOL[dtype]
+
+
+@QUICK
+def test_split_k_gemms_replayed_from_one_graph_stay_exact():
+    """Split-K's last-arriving split adds the partials, counted on counters zeroed per call: three GEMMs
+    (two split, one not; one with bias) captured into one CUDA graph and replayed on new inputs must
+    equal the reference every replay, as a step's graph runs them."""
+    from engine.kernels import gemv
+
+    gen = torch.Generator(device="cuda").manual_seed(seed_of("gemv-graph"))
+    shapes = [(1, 4096, 4096), (16, 1000, 384), (3, 12288 * 2, 4096)]  # K split, split, not split (32-192 SMs)
+    xs = [torch.randn(m, k, device="cuda", generator=gen).to(BF16) for m, _, k in shapes]
+    ws = [(torch.randn(n, k, device="cuda", generator=gen) / k**0.5).to(BF16) for _, n, k in shapes]
+    bias = torch.randn(1000, device="cuda", generator=gen).to(BF16)
+    bs = [None, bias, None]
+    for x, w, b in zip(xs, ws, bs):  # tune outside the capture
+        gemv.linear(x, w, b)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [gemv.linear(x, w, b) for x, w, b in zip(xs, ws, bs)]
+    for _ in range(3):
+        for x in xs:
+            x.copy_(torch.randn(x.shape, device="cuda", generator=gen).to(BF16))
+        graph.replay()
+        torch.cuda.synchronize()
+        for x, w, b, out in zip(xs, ws, bs, outs):
+            ref = gemv.linear_reference(x.double(), w.double(), b.double() if b is not None else None)
+            assert rel_err(out, ref) < TOL[BF16]

@@ -415,10 +415,14 @@ def test_any_generation_settings_run_or_raise_generation_error(demo_engine, n, t
         assert isinstance(n, int) and 1 <= n and res.new_tokens <= n
 
 
-def test_simulated_out_of_memory_is_refused_and_serving_continues(demo_engine):
+def test_simulated_out_of_memory_is_refused_and_serving_continues(demo_engine, monkeypatch):
     before = demo_engine.generate("def f(x):\n", 8).token_ids
+    encoded = []
+    monkeypatch.setattr(demo_engine, "encode", lambda *a, **k: encoded.append(1) or [1])
     with pytest.raises(GenerationError, match="out of memory: a KV cache for 300000 x"):
         demo_engine.generate(["x"] * 300_000, 4, mode="ar")
+    assert not encoded  # refused before tokenising 300,000 prompts (seconds of work for nothing)
+    monkeypatch.undo()
     assert demo_engine.generate("def f(x):\n", 8).token_ids == before
 
 
@@ -511,7 +515,9 @@ def test_live_app_under_concurrency_cancel_stop_and_faults():
     from workbench.loadtest import report, run
 
     # half the sizes of benchmarks/reliability.md's smallest run: every part runs, CI stays short
-    out = run(sessions=6, sequential=5, tokens=8, streamed=4, flood=12, others=6, distinct=6, soak_minutes=0.25)
+    # the many-heads file's memory is pinned by test_twenty_thousand_heads_are_refused_from_the_header_alone
+    out = run(sessions=6, sequential=5, tokens=8, streamed=4, flood=12, others=6, distinct=6, soak_minutes=0.25,
+              many_heads_file=False)
     md = report(out, "loadtest")  # the markdown of benchmarks/reliability.md renders every part
     assert "distinct sessions" in md and "Soak:" in md and "killed 1 s into" in md
     stop = out["stop_after_sessions"]  # the run that outlived 6 other sessions could still be stopped
@@ -534,7 +540,6 @@ def test_live_app_under_concurrency_cancel_stop_and_faults():
     assert access["a temp file in staging"] in (403, 404)
     assert all(code in (403, 404) for name, code in access.items() if name not in (
         "saved tree", "upload 10 KB", "upload 2 MB", "20 files of 1 MB in one request")), access
-    assert out["many_heads_file"]["ratio"] < 2 and "20000 heads" in out["many_heads_file"]["error"]
     assert out["flood"]["crashed"] == 0 and out["flood"]["answered"] == out["flood"]["sessions"]
 
 

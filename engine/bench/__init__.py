@@ -8,6 +8,7 @@ modes times them round-robin over prompts and rounds.
   latency    mean step time per tree size from real runs: `trees optimize --latency` (bench/latency.py)
   parity     our greedy output against `transformers` on the same weights, divergences judged (bench/parity.py)
   step       (CUDA) one step at 7B/8B shapes against the weight-read floor (bench/step.py)
+  --shape    (CUDA, e2e and batch) a random-weight model of a real shape with oracle drafts (bench/oracle.py)
   attention  (CUDA) our tree-attention kernel against SDPA and flex_attention (bench/attention.py)
 """
 
@@ -46,9 +47,9 @@ def add_bench_arguments(p) -> None:
     p.add_argument("--sizes", type=_list, default=[4, 8, 12, 16, 24, 32, 48, 64], help="latency/batch: tree sizes")
     p.add_argument("--batches", type=_list, default=[1, 2, 4, 8], help="batch: batch sizes")
     p.add_argument("--shapes", default="llama2-7b,llama3-8b", help="step: model shapes (llama2-7b, llama3-8b, smollm2-135m, demo)")
-    p.add_argument("--shape", default=None, help="e2e: a random-weight model of this shape (llama2-7b, llama3-8b, smollm2-135m) "
-                   "with oracle drafts, instead of --model (CUDA)")
-    p.add_argument("--prompt-len", type=positive_int, default=128, help="e2e --shape: random prompt tokens")
+    p.add_argument("--shape", default=None, help="e2e, batch: a random-weight model of this shape (llama2-7b, llama3-8b, "
+                   "smollm2-135m, demo) with oracle drafts, instead of --model (CUDA)")
+    p.add_argument("--prompt-len", type=positive_int, default=128, help="--shape: random prompt tokens")
     p.add_argument("--prefix", type=positive_int, default=1024, help="step: committed tokens before the timed steps")
     p.add_argument("--markdown", action="store_true", help="attention: also print a markdown table")
     p.add_argument("--threads", type=_threads, default=None, help="torch CPU threads")
@@ -65,16 +66,25 @@ def run_bench(a) -> int:
     from .common import env, fit_prompts
 
     tree_names = [t for t in (a.trees or "demo_tuned,chain_4,mc_sim_7b_63").split(",") if t]
-    if a.part == "e2e" and a.shape:
-        from .e2e import run_e2e_shape
-
+    if a.part in ("e2e", "batch") and a.shape:
         if not torch.cuda.is_available():
-            raise ValueError("bench --part e2e --shape needs a CUDA device")
+            raise ValueError(f"bench --part {a.part} --shape needs a CUDA device")
         cfg = config_from_arguments(a)
-        res = run_e2e_shape(a.shape, tree_names, a.prompts or 4, a.prompt_len,
-                            cfg.max_new_tokens, a.rounds, a.backend or "triton", bool(a.skinny_gemm),
-                            a.dtype or "bfloat16")
-        print(json.dumps({"part": "e2e", "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(),
+        if a.part == "e2e":
+            from .e2e import run_e2e_shape
+
+            res = run_e2e_shape(a.shape, tree_names, a.prompts or 4, a.prompt_len,
+                                cfg.max_new_tokens, a.rounds, a.backend or "triton", bool(a.skinny_gemm),
+                                a.dtype or "bfloat16")
+        else:
+            from .batch import run_batch
+            from .oracle import oracle_engine
+
+            _, eng, ids, about = oracle_engine(a.shape, a.prompts or 4, a.prompt_len, cfg.max_new_tokens,
+                                               a.backend or "triton", bool(a.skinny_gemm), a.dtype or "bfloat16")
+            res = {**about, **run_batch(eng, ids, cfg, a.batches, a.sizes, None,
+                                        tree_names if a.trees else None)}
+        print(json.dumps({"part": a.part, "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(),
                           "torch": torch.__version__, **res}))
         return 0
     if a.part in ("step", "attention"):

@@ -117,38 +117,14 @@ def run_e2e(eng, prompts: list[list[int]], cfg: GenerationConfig, tree_names: li
 
 def run_e2e_shape(shape: str, tree_names: list[str], prompts: int, prompt_len: int, max_new: int, rounds: int,
                   backend: str, skinny_gemm: bool = False, dtype: str = "bfloat16") -> dict:
-    """The engine end to end on a random-weight model of a real shape (bench/step.py's SHAPES) with oracle
-    drafts: the AR greedy continuation is computed first, then each head proposes its token at a rank
-    drawn from the demo model's measured per-head rank distribution (else misses). Verification,
-    compaction, graphs and host work are real, and every step also runs four random FasterDecoding-
-    format heads (ResBlock + own lm_head) whose logits the oracle then overwrites: only the draft's
-    quality is set. The weights are made decisive (`oracle.make_decisive`): with plain random bf16
-    weights the logits are near-tied, tree and AR steps round to different tokens within tens of
-    tokens and the oracle stops matching, so the measured tokens/step would not be the oracle's."""
+    """The engine end to end on a random-weight model of a real shape with oracle drafts
+    (`oracle.oracle_engine`), with `transformers` generate on the same weights as the peer."""
     import torch
 
-    import trees
+    from .oracle import oracle_engine
 
-    from ..engine import Engine
-    from ..heads import MedusaHeads
-    from ..loading import DEMO_DIR
-    from .oracle import oracle_for, sampled_ranks
-    from .step import random_pair
-
-    hf, model = random_pair(shape, backend, fused=True, skinny_gemm=skinny_gemm, dtype=dtype, decisive=True)
-    eng = Engine(model, None, None, shape, "oracle", cuda_graphs=True)
-    g = torch.Generator().manual_seed(0)
-    ids = [torch.randint(100, model.args.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(prompts)]
+    hf, eng, ids, about = oracle_engine(shape, prompts, prompt_len, max_new, backend, skinny_gemm, dtype)
     cfg = GenerationConfig(max_new_tokens=max_new, mode="ar", stop_on_eos=False)
-    ar_out = [eng.generate(p, config=cfg).token_ids for p in ids]
-    demo = trees.ar_runs(trees.read_runs(DEMO_DIR / "tune_traces.jsonl"))
-    acc = trees.head_stats([v for r in demo for v in r.vectors], 4, topk=10).accuracy()
-    heads = MedusaHeads(4, 1, model.args.dim, model.args.vocab_size).to("cuda", getattr(torch, dtype))
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.normal_(0, 0.02)
-    eng.heads = oracle_for(model, [p + o for p, o in zip(ids, ar_out)], [len(p) for p in ids], 4, sampled_ranks(acc),
-                           cost=heads)
 
     def hf_run(p):
         x = torch.tensor([p], device="cuda")
@@ -165,10 +141,4 @@ def run_e2e_shape(shape: str, tree_names: list[str], prompts: int, prompt_len: i
     runners["transformers"] = hf_run
     warm_up(runners, ids)
     res = round_robin(runners, ids, rounds, device_sync(eng))
-    return {"shape": shape, "weights": f"random ({dtype}), made decisive (bench/oracle.py make_decisive)",
-            "draft": "oracle heads: each head's rank of the true token drawn from the demo model's per-head rank "
-            "distribution (tune traces); misses otherwise. Each step also runs 4 random FasterDecoding heads "
-            "(ResBlock + own lm_head) for their cost",
-            "head_top1_used": [round(a[0], 3) for a in acc], "prompts": prompts, "prompt_len": prompt_len,
-            "max_new_tokens": max_new, "rounds": rounds, "skinny_gemm": skinny_gemm,
-            **summarise(res, eng, tree_names)}
+    return {**about, "rounds": rounds, **summarise(res, eng, tree_names)}

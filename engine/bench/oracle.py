@@ -6,7 +6,7 @@ their hidden states) and proposes, for head k, the token AR wrote k+2 places lat
 (or not at all). Verification, compaction, graphs and host work all run for real; only the draft's
 quality is set. `bench --part e2e --shape llama2-7b` uses it on a random-weight 7B-shape model with
 per-head rank distributions measured on the demo model (docs/algorithm.md), on weights that
-`make_decisive` makes robust to bf16 rounding.
+`make_decisive` makes robust to bf16 rounding (`oracle_engine`; `bench --part batch --shape` too).
 """
 
 from __future__ import annotations
@@ -121,3 +121,47 @@ def sampled_ranks(rank_probs: list[list[float]], seed: int = 0):
         return cache[(p, k)]
 
     return rank_of
+
+
+def oracle_engine(shape: str, prompts: int, prompt_len: int, max_new: int, backend: str, skinny_gemm: bool = False,
+                  dtype: str = "bfloat16"):
+    """An Engine (CUDA graphs) on a decisive random-weight model of a real shape (bench/step.py's SHAPES)
+    with oracle drafts for `prompts` random prompts: their AR greedy continuations are computed first,
+    then each head proposes its token at a rank drawn from the demo model's measured per-head rank
+    distribution (else misses). Verification, compaction, graphs and host work are real, and every
+    step also runs four random FasterDecoding-format heads (ResBlock + own lm_head) whose logits the
+    oracle overwrites: only the draft's quality is set. The weights are decisive (`make_decisive`):
+    with plain random bf16 weights the logits are near-tied, tree and AR steps round to different
+    tokens within tens of tokens and the oracle stops matching.
+    -> (the transformers model on the same weights, the engine, the prompts' ids, what the JSON says of it)."""
+    import trees
+
+    from ..engine import Engine
+    from ..generation import GenerationConfig
+    from ..heads import MedusaHeads
+    from ..loading import DEMO_DIR
+    from .step import random_pair
+
+    hf, model = random_pair(shape, backend, fused=True, skinny_gemm=skinny_gemm, dtype=dtype, decisive=True)
+    eng = Engine(model, None, None, shape, "oracle", cuda_graphs=True)
+    g = torch.Generator().manual_seed(0)
+    ids = [torch.randint(100, model.args.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(prompts)]
+    cfg = GenerationConfig(max_new_tokens=max_new, mode="ar", stop_on_eos=False)
+    ar_out = [eng.generate(p, config=cfg).token_ids for p in ids]
+    demo = trees.ar_runs(trees.read_runs(DEMO_DIR / "tune_traces.jsonl"))
+    acc = trees.head_stats([v for r in demo for v in r.vectors], 4, topk=10).accuracy()
+    heads = MedusaHeads(4, 1, model.args.dim, model.args.vocab_size).to("cuda", getattr(torch, dtype))
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(0, 0.02)
+    eng.heads = oracle_for(model, [p + o for p, o in zip(ids, ar_out)], [len(p) for p in ids], 4, sampled_ranks(acc),
+                           cost=heads)
+    keys = [t for p, o in zip(ids, ar_out) for t in [p[-1], *o]]
+    about = {"shape": shape, "weights": f"random ({dtype}), made decisive (bench/oracle.py make_decisive)",
+             "draft": "oracle heads: each head's rank of the true token drawn from the demo model's per-head rank "
+             "distribution (tune traces); misses otherwise. Each step also runs 4 random FasterDecoding heads "
+             "(ResBlock + own lm_head) for their cost",
+             "oracle_positions_distinct": len(set(keys)) == len(keys),
+             "head_top1_used": [round(a[0], 3) for a in acc], "prompts": prompts, "prompt_len": prompt_len,
+             "max_new_tokens": max_new, "skinny_gemm": skinny_gemm}
+    return hf, eng, ids, about

@@ -5,10 +5,13 @@ At batch 1 a projection is bound by reading its weight: W [N, K] bf16 is N*K*2 b
 cuBLAS's batch-1 kernels reached ~84 % of copy bandwidth on an H200 (benchmarks/README.md). Here
 one program owns BLOCK_N output features and walks K in BLOCK_K tiles, software-pipelined
 (num_stages), keeping every row of x in the same tile: W is read exactly once, in 16-byte-aligned
-rows, and x (small) comes from L2. Where N alone gives too few programs to fill the GPU, K is split
-and the partial sums are added with fp32 atomics into a zeroed buffer, then cast. `bench --part
-step` times it against cuBLAS per shape; the engine uses it only where it measured faster (the
-`skinny_gemm` switch of `loading.build_model`).
+rows, and x (small) comes from L2. Where N alone gives too few programs to fill the GPU, K is split:
+each split writes its fp32 partial to a workspace and counts itself in on a per-column-block
+counter, and the split that arrives last adds the partials (and the bias) and writes the output in
+its dtype. One launch besides the counters' memset, where atomics into a zeroed fp32 buffer needed
+a memset of the whole output and a cast kernel after: inside a step's graph each small kernel costs
+~1-2 µs. `bench --part step` times it against cuBLAS per shape; the engine uses it only where it
+measured faster (the `skinny_gemm` switch of `loading.build_model`).
 """
 
 from __future__ import annotations
@@ -36,10 +39,10 @@ if triton is not None:
                  for bn, bk, w, s in ((32, 256, 4, 4), (64, 128, 4, 4), (64, 256, 8, 3), (128, 128, 8, 3),
                                       (16, 512, 4, 3), (32, 512, 8, 3))],
         key=["M_BLOCK", "N", "K", "SPLIT_K"],
-        reset_to_zero=["Y"],  # split-K accumulates with atomics: every timed config starts from zero
+        reset_to_zero=["COUNT"],  # every timed config starts with its split counters at zero
     )
     @triton.jit
-    def _skinny(X, W, B, Y, M, N, K, sx, sw, sy,
+    def _skinny(X, W, B, Y, PART, COUNT, M, N, K, sx, sw, sy,
                 HAS_BIAS: tl.constexpr, M_BLOCK: tl.constexpr, SPLIT_K: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         pid_n = tl.program_id(0)
@@ -57,15 +60,22 @@ if triton is not None:
             x = tl.load(X + rows[:, None] * sx + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(W + cols[:, None] * sw + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
             acc += tl.dot(x, tl.trans(w))
-        if HAS_BIAS:
-            if pid_k == 0:
-                acc += tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        out = Y + rows[:, None] * sy + cols[None, :]
         ok = row_ok[:, None] & col_ok[None, :]
-        if SPLIT_K == 1:
-            tl.store(out, acc.to(Y.dtype.element_ty), mask=ok)
-        else:
-            tl.atomic_add(out, acc, mask=ok, sem="relaxed")
+        tile = rows[:, None] * N + cols[None, :]
+        last = True
+        if SPLIT_K > 1:
+            tl.store(PART + pid_k * M * N + tile, acc, mask=ok)
+            # release: this split's partial is visible before its count; acquire: the last one sees every partial
+            arrived = tl.atomic_add(COUNT + pid_n, 1, sem="acq_rel")
+            last = arrived == SPLIT_K - 1
+            if last:
+                acc = tl.zeros([M_BLOCK, BLOCK_N], tl.float32)
+                for s in range(SPLIT_K):  # .cg: read from L2, past this SM's L1
+                    acc += tl.load(PART + s * M * N + tile, mask=ok, other=0.0, cache_modifier=".cg")
+        if last:
+            if HAS_BIAS:
+                acc += tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            tl.store(Y + rows[:, None] * sy + cols[None, :], acc.to(Y.dtype.element_ty), mask=ok)
 
 
 _SM: dict[int, int] = {}
@@ -85,14 +95,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         _SM[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
     split = 1 if n >= 64 * _SM[dev] else max(1, min(8, (2 * _SM[dev] * 64) // n))  # enough programs to fill the GPU
     m_block = max(16, triton.next_power_of_2(rows))
-    if split == 1:
-        y = torch.empty(rows, n, device=x.device, dtype=x.dtype)
-    else:
-        y = torch.zeros(rows, n, device=x.device, dtype=torch.float32)
+    y = torch.empty(rows, n, device=x.device, dtype=x.dtype)
+    part, count = y, y  # unused by one split: no workspace, no memset
+    if split > 1:
+        part = torch.empty(split, rows, n, device=x.device, dtype=torch.float32)
+        count = torch.zeros(triton.cdiv(n, 16), device=x.device, dtype=torch.int32)  # >= one per column block
 
     def grid(meta):
         return (triton.cdiv(n, meta["BLOCK_N"]), split)
 
-    _skinny[grid](x2, weight, bias if bias is not None else weight, y, rows, n, k, x2.stride(0), weight.stride(0),
-                  y.stride(0), HAS_BIAS=bias is not None, M_BLOCK=m_block, SPLIT_K=split)
-    return (y if split == 1 else y.to(x.dtype)).reshape(*x.shape[:-1], n)
+    _skinny[grid](x2, weight, bias if bias is not None else weight, y, part, count, rows, n, k, x2.stride(0),
+                  weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, M_BLOCK=m_block, SPLIT_K=split)
+    return y.reshape(*x.shape[:-1], n)
