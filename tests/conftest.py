@@ -107,7 +107,7 @@ def oracle_heads(eng, prompts: list[list[int]], max_new: int, num_heads: int = 5
     from engine.bench.oracle import oracle_for
 
     seqs = [ids + eng.generate(ids, max_new, mode="ar").token_ids for ids in prompts]
-    return oracle_for(eng.model, seqs, [len(ids) for ids in prompts], num_heads, rank)
+    return oracle_for(eng.model, seqs, [len(ids) for ids in prompts], num_heads, lambda _, s, k: rank(s, k))
 
 
 def oracle_steps(tree: list[list[int]], n_tokens: int, num_heads: int, rank) -> int:

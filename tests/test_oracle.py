@@ -8,7 +8,7 @@ import torch
 from conftest import oracle_steps
 
 import trees
-from engine.bench.oracle import make_decisive, oracle_for
+from engine.bench.oracle import make_decisive, oracle_for, sampled_ranks
 from engine.config import ModelArgs
 from engine.engine import Engine
 from engine.generation import GenerationConfig
@@ -70,8 +70,25 @@ def test_oracle_on_decisive_weights_keeps_medusa_equal_to_ar_and_transformers_in
     with torch.no_grad():
         for t in cost.parameters():
             t.normal_(0, 0.02)
-    eng.heads = oracle_for(ours, [p + o for p, o in zip(prompts, ar)], [len(p) for p in prompts], 4, rank, cost=cost)
+    eng.heads = oracle_for(ours, [p + o for p, o in zip(prompts, ar)], [len(p) for p in prompts], 4,
+                           lambda _, s, k: rank(s, k), cost=cost)
     for p, want in zip(prompts, ar):
         got = eng.generate(p, config=cfg.replace(mode="medusa", tree=tree))
         assert got.token_ids == want
         assert got.steps == oracle_steps(trees.resolve(tree), 48, 4, rank) < 48
+
+
+def test_sampled_ranks_are_drawn_per_sequence_and_repeat():
+    probs = [[0.5, 0.2]] * 2  # head k: top-1 half the time, second 20 %, else a miss
+    draws = [[sampled_ranks(probs, seed=3)(i, p, k) for p in range(300) for k in range(2)] for i in (0, 1)]
+    assert draws[0] != draws[1]  # two prompts do not accept the same lengths at the same steps
+    assert draws[0] == [sampled_ranks(probs, seed=3)(0, p, k) for p in range(300) for k in range(2)]
+    assert set(draws[0]) == {-1, 0, 1} and abs(draws[0].count(0) / 600 - 0.5) < 0.07
+
+
+def test_decisive_refuses_tied_embeddings():
+    import transformers
+
+    hf = transformers.LlamaForCausalLM._from_config(transformers.LlamaConfig(**{**SHAPE, "tie_word_embeddings": True}))
+    with pytest.raises(ValueError, match="untied"):
+        make_decisive(hf)

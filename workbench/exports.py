@@ -2,28 +2,25 @@
 
 Figures: SVG (vector, for papers), PNG at print size (PRINT_INCHES at PRINT_DPI) and standalone HTML
 (plotly.js inlined, so it works offline). The images are drawn by kaleido with the system's Chromium,
-one Chromium per process kept for every figure (kaleido's sync server: on a 2-core machine a figure
-took 3.2-3.8 s when each call started its own browser, 0.2-0.3 s through the kept one); without a
-Chromium the image formats are skipped with one line saying so, and the HTML still comes.
+one kept per process for every figure (figure_browser.py); without a Chromium the image formats are
+skipped with one line saying so, and the HTML still comes.
 Tables: CSV for spreadsheets and JSON records that every standard parser reads, so a missing or
 non-finite number is an empty cell / `null`, never `NaN` (which `JSON.parse` rejects).
 """
 
 from __future__ import annotations
 
-import atexit
 import csv
 import io
 import json
 import math
 import os
-import threading
-import warnings
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from . import figure_browser
 from .browser import CHROMIUM, have_chromium
 
 PRINT_INCHES = (7.0, 4.5)  # a full-width figure in a two-column paper
@@ -85,38 +82,23 @@ def figure_html(fig: go.Figure) -> str:
     return fig.to_html(include_plotlyjs=True, full_html=True)
 
 
-_KALEIDO_LOCK = threading.Lock()
-_kaleido_kept = False
-
-
-def keep_kaleido_browser() -> None:
-    """Start kaleido's sync server once per process (one Chromium that every later figure reuses),
-    stopped at exit. If it will not start, each figure starts its own browser as before."""
-    global _kaleido_kept
-    with _KALEIDO_LOCK:
-        if _kaleido_kept:
-            return
-        _kaleido_kept = True
-        try:
-            import kaleido
-
-            kaleido.start_sync_server(silence_warnings=True)
-        except Exception:  # kaleido missing or its browser not starting: the one-browser-per-figure path
-            return
-        atexit.register(kaleido.stop_sync_server, silence_warnings=True)
-        # plotly passes its per-call browser options, which a running server already has
-        warnings.filterwarnings("ignore", message="The kopts argument is ignored if using a server")
-
-
 def figure_image(fig: go.Figure, fmt: str) -> bytes:
-    """SVG or print-size PNG of a figure, drawn by kaleido in the system's Chromium."""
+    """SVG or print-size PNG of a figure, drawn by kaleido in the system's Chromium: the process's kept
+    browser (figure_browser.py), else a browser of its own."""
     if not have_chromium():
         raise ExportError(f"SVG and PNG need Chromium ({CHROMIUM} is missing): install it (apt-get install "
                           "chromium) or use the HTML")
     os.environ.setdefault("BROWSER_PATH", CHROMIUM)  # kaleido's choreographer finds Chrome through it
-    keep_kaleido_browser()
     width, height = LAYOUT_PX
     scale = PRINT_DPI * PRINT_INCHES[0] / width if fmt == "png" else 1
+    browser = figure_browser.kept_browser()
+    if browser is not None:
+        try:
+            return browser.image(fig.to_dict(), {"format": fmt, "width": width, "height": height, "scale": scale})
+        except TimeoutError:  # a browser that stops answering is dropped; this figure gets one of its own
+            figure_browser.give_up(browser)
+        except Exception:  # e.g. its script ran before its page had loaded: the path below retries
+            pass
     try:
         try:
             return pio.to_image(fig, format=fmt, width=width, height=height, scale=scale)

@@ -42,7 +42,7 @@ class OracleHeads(nn.Module):
         idx = torch.cdist(h.float(), self.table.to(h.device)).argmin(1)  # [N]: the position each state is at
         tgt, rnk = self.targets[idx].T, self.ranks[idx].T  # [K, N]
         noise = self.noise[:, None, :].expand(-1, h.shape[0], -1)  # [K, N, V] in [0, 1)
-        logits = (noise.to(h.dtype) if self.cost is None else self.cost(h, lm_head_weight).copy_(noise)).clone()
+        logits = noise.to(h.dtype).clone() if self.cost is None else self.cost(h, lm_head_weight).copy_(noise)
         known = tgt >= 0
         where = tgt.clamp(min=0)[..., None]  # [K, N, 1]; rows without a target rewrite index 0 unchanged
 
@@ -59,21 +59,24 @@ class OracleHeads(nn.Module):
 def oracle_for(model, sequences: list[list[int]], starts: list[int], num_heads: int, rank_of,
                cost: nn.Module | None = None) -> OracleHeads:
     """OracleHeads for full sequences (prompt + AR continuation); `starts[i]`: where sequence i's
-    output begins; `rank_of(output_index, head) -> rank or -1`; `cost`: as OracleHeads'."""
+    output begins; `rank_of(sequence, output_index, head) -> rank or -1`; `cost`: as OracleHeads'."""
     tables, targets, ranks = [], [], []
     dev = model.embed_tokens.weight.device
-    for seq, s0 in zip(sequences, starts):
+    for i, (seq, s0) in enumerate(zip(sequences, starts)):
         h = model(torch.tensor([seq], device=dev), torch.arange(len(seq), device=dev), use_cache=False)[0]
         for p in range(s0 - 1, len(seq)):
             tables.append(h[p])
             targets.append([seq[p + 2 + k] if p + 2 + k < len(seq) else -1 for k in range(num_heads)])
-            ranks.append([rank_of(p - s0 + 1, k) for k in range(num_heads)])
+            ranks.append([rank_of(i, p - s0 + 1, k) for k in range(num_heads)])
     return OracleHeads(torch.stack(tables), torch.tensor(targets), torch.tensor(ranks),
                        model.args.vocab_size, cost).to(dev)
 
 
+RESERVED = 100  # token ids a decisive model never produces (specials, EOS); its prompts avoid them too
+
+
 @torch.no_grad()
-def make_decisive(hf_model, residual_scale: float = 1e-5, reserved: int = 100, seed: int = 0) -> torch.Tensor:
+def make_decisive(hf_model, residual_scale: float = 1e-5, reserved: int = RESERVED, seed: int = 0) -> torch.Tensor:
     """Rewrites a random-weight transformers Llama in place so that its greedy next token is a fixed
     permutation of the current one, by a wide margin; returns the permutation (`succ[t]`).
 
@@ -83,9 +86,13 @@ def make_decisive(hf_model, residual_scale: float = 1e-5, reserved: int = 100, s
     full-size weights (the timing is the model's), but the attention and MLP outputs are scaled by
     `residual_scale`, so the final hidden state is the current token's embedding; lm_head row
     succ[t] is that embedding normalised, so the winning logit is |u|^2 ~ d against ~4 sqrt(d) for
-    the best of the rest. Tokens below `reserved` (specials, EOS) are never produced; prompts must not
-    use them either (succ is -1 there: their next token is not decided)."""
+    the best of the rest (it wins by at least half its value; at d = 4096 by ~0.9). In float16 the
+    scaled weights are subnormal: what they add is lost, as intended. Tokens below `reserved`
+    (specials, EOS) are never produced; prompts must not use them either (succ is -1 there: their
+    next token is not decided)."""
     inner = hf_model.model
+    if hf_model.lm_head.weight.data_ptr() == inner.embed_tokens.weight.data_ptr():
+        raise ValueError("make_decisive needs untied embeddings: lm_head is rewritten, the embeddings must stay")
     for layer in inner.layers:
         layer.self_attn.o_proj.weight.mul_(residual_scale)
         layer.mlp.down_proj.weight.mul_(residual_scale)
@@ -102,23 +109,25 @@ def make_decisive(hf_model, residual_scale: float = 1e-5, reserved: int = 100, s
 
 
 def sampled_ranks(rank_probs: list[list[float]], seed: int = 0):
-    """rank_of(position, head) drawn once per (position, head) from rank_probs[head][rank] (the rest of
-    the mass: a miss), deterministically."""
+    """rank_of(sequence, position, head) drawn once per (sequence, position, head) from
+    rank_probs[head][rank] (the rest of the mass: a miss), deterministically. Per sequence: drawn per
+    position only, every prompt would accept the same lengths at the same steps (a batch would never
+    go ragged, and four prompts would be one draw)."""
     import random
 
-    cache: dict[tuple[int, int], int] = {}
+    cache: dict[tuple[int, int, int], int] = {}
 
-    def rank_of(p: int, k: int) -> int:
-        if (p, k) not in cache:
-            u = random.Random(seed * 1_000_003 + p * 131 + k).random()
+    def rank_of(i: int, p: int, k: int) -> int:
+        if (i, p, k) not in cache:
+            u = random.Random(((seed * 1_000_003 + i) * 1_000_033 + p) * 131 + k).random()
             r, acc = -1, 0.0
-            for i, q in enumerate(rank_probs[k]):
+            for j, q in enumerate(rank_probs[k]):
                 acc += q
                 if u < acc:
-                    r = i
+                    r = j
                     break
-            cache[(p, k)] = r
-        return cache[(p, k)]
+            cache[(i, p, k)] = r
+        return cache[(i, p, k)]
 
     return rank_of
 
@@ -145,7 +154,7 @@ def oracle_engine(shape: str, prompts: int, prompt_len: int, max_new: int, backe
     hf, model = random_pair(shape, backend, fused=True, skinny_gemm=skinny_gemm, dtype=dtype, decisive=True)
     eng = Engine(model, None, None, shape, "oracle", cuda_graphs=True)
     g = torch.Generator().manual_seed(0)
-    ids = [torch.randint(100, model.args.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(prompts)]
+    ids = [torch.randint(RESERVED, model.args.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(prompts)]
     cfg = GenerationConfig(max_new_tokens=max_new, mode="ar", stop_on_eos=False)
     ar_out = [eng.generate(p, config=cfg).token_ids for p in ids]
     demo = trees.ar_runs(trees.read_runs(DEMO_DIR / "tune_traces.jsonl"))

@@ -65,6 +65,7 @@ if triton is not None:
         last = True
         if SPLIT_K > 1:
             tl.store(PART + pid_k * M * N + tile, acc, mask=ok)
+            tl.debug_barrier()  # every thread's partial is stored before the program counts itself in
             # release: this split's partial is visible before its count; acquire: the last one sees every partial
             arrived = tl.atomic_add(COUNT + pid_n, 1, sem="acq_rel")
             last = arrived == SPLIT_K - 1
