@@ -516,7 +516,7 @@ def test_live_app_under_concurrency_cancel_stop_and_faults():
 
     # half the sizes of benchmarks/reliability.md's smallest run: every part runs, CI stays short
     # the many-heads file's memory is pinned by test_twenty_thousand_heads_are_refused_from_the_header_alone
-    out = run(sessions=6, sequential=5, tokens=8, streamed=4, flood=12, others=6, distinct=6, soak_minutes=0.25,
+    out = run(sessions=6, sequential=5, tokens=8, streamed=4, flood=12, others=6, distinct=6, soak_minutes=0.1,
               many_heads_file=False)
     md = report(out, "loadtest")  # the markdown of benchmarks/reliability.md renders every part
     assert "distinct sessions" in md and "Soak:" in md and "killed 1 s into" in md
