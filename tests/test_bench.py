@@ -61,6 +61,33 @@ def test_batch_sweep_runs_named_trees_or_one_tree_per_size_at_every_batch():
     assert [len(t) for t in sized["trees"].values()] == [2, 3] and set(sized["rows"][0]["medusa"]) == {"2", "3"}
 
 
+def test_shape_runs_with_oracle_drafts_take_exactly_the_oracles_steps():
+    """`--shape demo` on the CPU: decisive random weights, oracle drafts drawn per prompt and four
+    costed heads. Medusa must equal AR and transformers, and its steps must be exactly what the drawn
+    ranks allow (conftest.oracle_steps), prompt by prompt; the batch sweep runs the same engine."""
+    from conftest import oracle_steps
+
+    import trees
+    from engine.bench.oracle import sampled_ranks
+    from engine.loading import DEMO_DIR
+
+    max_new, names = 12, ["chain_2", "mc_sim_7b_63"]
+    res = bench("--part", "e2e", "--shape", "demo", "--prompts", "2", "--prompt-len", "16", "--max-new-tokens",
+                str(max_new), "--rounds", "1", "--trees", ",".join(names))
+    assert res["device"] == "cpu" and res["oracle_positions_distinct"] is True
+    assert res["transformers"]["greedy_output_equals_ours_ar"] is True
+    demo = trees.ar_runs(trees.read_runs(DEMO_DIR / "tune_traces.jsonl"))
+    rank = sampled_ranks(trees.head_stats([v for r in demo for v in r.vectors], 4, topk=10).accuracy())
+    for name in names:
+        row = res["medusa"][name]
+        assert row["greedy_output_equals_ar"] is True
+        want = [oracle_steps(trees.resolve(name), max_new, 4, lambda s, k, i=i: rank(i, s, k)) for i in range(2)]
+        assert row["steps"] == sum(want), (name, row["steps"], want)
+    sweep = bench("--part", "batch", "--shape", "demo", "--prompts", "2", "--prompt-len", "16", "--max-new-tokens",
+                  str(max_new), "--batches", "1,2", "--trees", "mc_sim_7b_63")
+    assert all(r["medusa"]["mc_sim_7b_63"]["greedy_output_equals_ar"] for r in sweep["rows"])
+
+
 def test_warm_up_runs_the_longest_prompt_first_then_the_shortest():
     seen = []
     warm_up({"a": lambda p: seen.append(("a", p)), "b": lambda p: seen.append(("b", p))}, [[1, 2], [1, 2, 3, 4], [5]])

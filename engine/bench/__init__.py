@@ -8,7 +8,7 @@ modes times them round-robin over prompts and rounds.
   latency    mean step time per tree size from real runs: `trees optimize --latency` (bench/latency.py)
   parity     our greedy output against `transformers` on the same weights, divergences judged (bench/parity.py)
   step       (CUDA) one step at 7B/8B shapes against the weight-read floor (bench/step.py)
-  --shape    (CUDA, e2e and batch) a random-weight model of a real shape with oracle drafts (bench/oracle.py)
+  --shape    (e2e and batch) a random-weight model of a real shape with oracle drafts (bench/oracle.py)
   attention  (CUDA) our tree-attention kernel against SDPA and flex_attention (bench/attention.py)
 """
 
@@ -48,7 +48,7 @@ def add_bench_arguments(p) -> None:
     p.add_argument("--batches", type=_list, default=[1, 2, 4, 8], help="batch: batch sizes")
     p.add_argument("--shapes", default="llama2-7b,llama3-8b", help="step: model shapes (llama2-7b, llama3-8b, smollm2-135m, demo)")
     p.add_argument("--shape", default=None, help="e2e, batch: a random-weight model of this shape (llama2-7b, llama3-8b, "
-                   "smollm2-135m, demo) with oracle drafts, instead of --model (CUDA)")
+                   "smollm2-135m, demo) with oracle drafts, instead of --model")
     p.add_argument("--prompt-len", type=positive_int, default=128, help="--shape: random prompt tokens")
     p.add_argument("--prefix", type=positive_int, default=1024, help="step: committed tokens before the timed steps")
     p.add_argument("--markdown", action="store_true", help="attention: also print a markdown table")
@@ -66,26 +66,30 @@ def run_bench(a) -> int:
     from .common import env, fit_prompts
 
     tree_names = [t for t in (a.trees or "demo_tuned,chain_4,mc_sim_7b_63").split(",") if t]
+    if a.threads:
+        torch.set_num_threads(a.threads)
     if a.part in ("e2e", "batch") and a.shape:
-        if not torch.cuda.is_available():
-            raise ValueError(f"bench --part {a.part} --shape needs a CUDA device")
+        device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        cuda = device.startswith("cuda")
+        if cuda and not torch.cuda.is_available():
+            raise ValueError(f"bench --part {a.part} --shape: --device {device}, but no CUDA device is available")
         cfg = config_from_arguments(a)
+        backend, dtype = a.backend or ("triton" if cuda else "sdpa"), a.dtype or ("bfloat16" if cuda else "float32")
         if a.part == "e2e":
             from .e2e import run_e2e_shape
 
-            res = run_e2e_shape(a.shape, tree_names, a.prompts or 4, a.prompt_len,
-                                cfg.max_new_tokens, a.rounds, a.backend or "triton", bool(a.skinny_gemm),
-                                a.dtype or "bfloat16")
+            res = run_e2e_shape(a.shape, tree_names, a.prompts or 4, a.prompt_len, cfg.max_new_tokens, a.rounds,
+                                backend, bool(a.skinny_gemm), dtype, device)
         else:
             from .batch import run_batch
             from .oracle import oracle_engine
 
             _, eng, ids, about = oracle_engine(a.shape, a.prompts or 4, a.prompt_len, cfg.max_new_tokens,
-                                               a.backend or "triton", bool(a.skinny_gemm), a.dtype or "bfloat16")
+                                               backend, bool(a.skinny_gemm), dtype, device)
             res = {**about, **run_batch(eng, ids, cfg, a.batches, a.sizes, None,
                                         tree_names if a.trees else None)}
-        print(json.dumps({"part": a.part, "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(),
-                          "torch": torch.__version__, **res}))
+        print(json.dumps({"part": a.part, "date": time.strftime("%Y-%m-%d"),
+                          "device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__, **res}))
         return 0
     if a.part in ("step", "attention"):
         if not torch.cuda.is_available():
@@ -104,8 +108,6 @@ def run_bench(a) -> int:
             if a.markdown:
                 print(res["markdown"])
         return 0
-    if a.threads:
-        torch.set_num_threads(a.threads)
     cfg = config_from_arguments(a)
     eng = load_from_arguments(a)
     texts = [p.text for p in prompt_set(a.prompts_file, a.prompts, a.offset, a.default_prompts, a.default_offset)]

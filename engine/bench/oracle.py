@@ -133,8 +133,8 @@ def sampled_ranks(rank_probs: list[list[float]], seed: int = 0):
 
 
 def oracle_engine(shape: str, prompts: int, prompt_len: int, max_new: int, backend: str, skinny_gemm: bool = False,
-                  dtype: str = "bfloat16"):
-    """An Engine (CUDA graphs) on a decisive random-weight model of a real shape (bench/step.py's SHAPES)
+                  dtype: str = "bfloat16", device: str = "cuda"):
+    """An Engine (CUDA graphs on CUDA) on a decisive random-weight model of a real shape (bench/step.py's SHAPES)
     with oracle drafts for `prompts` random prompts: their AR greedy continuations are computed first,
     then each head proposes its token at a rank drawn from the demo model's measured per-head rank
     distribution (else misses). Verification, compaction, graphs and host work are real, and every
@@ -151,15 +151,16 @@ def oracle_engine(shape: str, prompts: int, prompt_len: int, max_new: int, backe
     from ..loading import DEMO_DIR
     from .step import random_pair
 
-    hf, model = random_pair(shape, backend, fused=True, skinny_gemm=skinny_gemm, dtype=dtype, decisive=True)
-    eng = Engine(model, None, None, shape, "oracle", cuda_graphs=True)
+    cuda = device.startswith("cuda")
+    hf, model = random_pair(shape, backend, fused=cuda, skinny_gemm=skinny_gemm, dtype=dtype, decisive=True, device=device)
+    eng = Engine(model, None, None, shape, "oracle", cuda_graphs=cuda)
     g = torch.Generator().manual_seed(0)
     ids = [torch.randint(RESERVED, model.args.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(prompts)]
     cfg = GenerationConfig(max_new_tokens=max_new, mode="ar", stop_on_eos=False)
     ar_out = [eng.generate(p, config=cfg).token_ids for p in ids]
     demo = trees.ar_runs(trees.read_runs(DEMO_DIR / "tune_traces.jsonl"))
     acc = trees.head_stats([v for r in demo for v in r.vectors], 4, topk=10).accuracy()
-    heads = MedusaHeads(4, 1, model.args.dim, model.args.vocab_size).to("cuda", getattr(torch, dtype))
+    heads = MedusaHeads(4, 1, model.args.dim, model.args.vocab_size).to(device, getattr(torch, dtype))
     with torch.no_grad():
         for p in heads.parameters():
             p.normal_(0, 0.02)
@@ -172,5 +173,5 @@ def oracle_engine(shape: str, prompts: int, prompt_len: int, max_new: int, backe
              "(ResBlock + own lm_head) for their cost",
              "oracle_positions_distinct": len(set(keys)) == len(keys),
              "head_top1_used": [round(a[0], 3) for a in acc], "prompts": prompts, "prompt_len": prompt_len,
-             "max_new_tokens": max_new, "skinny_gemm": skinny_gemm}
+             "max_new_tokens": max_new, "skinny_gemm": skinny_gemm, "device": device}
     return hf, eng, ids, about

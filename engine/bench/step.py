@@ -35,16 +35,16 @@ HEAD_ACCURACY = [[0.6, 0.15, 0.08, 0.05, 0.03]] * 4  # shapes the benchmark tree
 
 
 def random_pair(shape: str, backend: str, fused: bool, hf=None, skinny_gemm: bool = False, dtype: str = "bfloat16",
-                decisive: bool = False):
-    """(transformers model with random weights (bf16 unless told) on CUDA, our model sharing its tensors).
-    decisive: the weights rewritten by `oracle.make_decisive` (greedy output robust to rounding)."""
+                decisive: bool = False, device: str = "cuda"):
+    """(transformers model with random weights (bf16 unless told) on `device`, our model sharing its
+    tensors). decisive: the weights rewritten by `oracle.make_decisive` (greedy output robust to rounding)."""
     import torch
     import transformers
 
     dt = getattr(torch, dtype)
     cfg = transformers.LlamaConfig(**SHAPES[shape], tie_word_embeddings=False)
     if hf is None:
-        with torch.device("cuda"):
+        with torch.device(device):
             hf = transformers.LlamaForCausalLM._from_config(cfg, dtype=dt).eval()
         if decisive:
             from .oracle import make_decisive
@@ -52,7 +52,7 @@ def random_pair(shape: str, backend: str, fused: bool, hf=None, skinny_gemm: boo
             make_decisive(hf)
     args = ModelArgs.from_hf_config({**cfg.to_dict(), "model_type": "llama"}, where=shape)
     ours, _, _ = fill_model(build_model(args, backend=backend, fused=fused, skinny_gemm=skinny_gemm),
-                            hf.state_dict().items(), "cuda", dt, shape, share=True)
+                            hf.state_dict().items(), device, dt, shape, share=True)
     return hf, ours
 
 
