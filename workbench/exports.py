@@ -95,10 +95,8 @@ def figure_image(fig: go.Figure, fmt: str) -> bytes:
     if browser is not None:
         try:
             return browser.image(fig.to_dict(), {"format": fmt, "width": width, "height": height, "scale": scale})
-        except TimeoutError:  # a browser that stops answering is dropped; this figure gets one of its own
+        except Exception:  # a kept browser that fails, hangs or died is dropped; this figure gets one of its own
             figure_browser.give_up(browser)
-        except Exception:  # e.g. its script ran before its page had loaded: the path below retries
-            pass
     try:
         try:
             return pio.to_image(fig, format=fmt, width=width, height=height, scale=scale)

@@ -5,8 +5,10 @@ draws it in 0.2-0.3 s. kaleido's own sync server keeps one too, but it hands res
 order they arrive, so two threads exporting at once can swap figures, and it waits without a
 timeout, so a browser that fails to start makes every later export hang. Here the browser lives on
 an event loop of its own thread; each figure is a future of its own on that loop, and every wait
-has a timeout. A browser that will not start, or stops answering, is dropped for good: the caller
-then draws each figure with a browser of its own, as before.
+has a timeout. A browser that will not start, fails a figure or has died is dropped for good: the
+caller then draws each figure with a browser of its own, as before. (A dead one must be caught
+before it is asked: kaleido never gets its only tab back from a dead browser, and the next figure
+would wait the whole timeout.)
 """
 
 from __future__ import annotations
@@ -17,38 +19,62 @@ import threading
 
 START_S = 60.0  # a loaded machine can take long to start Chromium
 FIGURE_S = 120.0
+CLOSE_S = 10.0
+
+
+class BrowserGone(RuntimeError):
+    """The kept browser was closed or its Chromium has exited."""
 
 
 class FigureBrowser:
     def __init__(self):
         import kaleido
 
-        async def open_browser():
-            browser = kaleido.Kaleido()
-            await browser.__aenter__()
-            return browser
-
+        self.closed = False
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="figure-browser", daemon=True).start()
+        self.kaleido = kaleido.Kaleido()
         try:
-            self.kaleido = self._wait(open_browser(), START_S)
+            self._wait(self.kaleido.__aenter__(), START_S)
         except BaseException:
-            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.close()  # a half-started Chromium would otherwise live as long as the process
             raise
 
     def _wait(self, coroutine, timeout: float):
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            raise
+
+    def alive(self) -> bool:
+        process = getattr(self.kaleido, "subprocess", None)  # choreographer's Popen of Chromium
+        return not self.closed and self.loop.is_running() and (process is None or process.poll() is None)
 
     def image(self, fig_dict: dict, opts: dict) -> bytes:
         """The figure as kaleido draws it (`opts`: format, width, height, scale)."""
+        if not self.alive():
+            raise BrowserGone("the kept figure browser is closed or has exited")
         return self._wait(self.kaleido.calc_fig(fig_dict, opts=opts), FIGURE_S)
 
     def close(self) -> None:
+        """Close Chromium (waiting for figures in flight, at most CLOSE_S), then cancel what is left
+        and stop the loop. Safe to call twice."""
+        if self.closed:
+            return
+        self.closed = True
         try:
-            self._wait(self.kaleido.__aexit__(None, None, None), 10)
+            self._wait(self.kaleido.__aexit__(None, None, None), CLOSE_S)
         except Exception:  # a browser that hangs on closing is left to the daemon thread's end
             pass
-        self.loop.call_soon_threadsafe(self.loop.stop)
+
+        def stop():
+            for task in asyncio.all_tasks(self.loop):
+                task.cancel()
+            self.loop.stop()
+
+        self.loop.call_soon_threadsafe(stop)
 
 
 def _close_kept() -> None:
@@ -79,6 +105,8 @@ def give_up(browser: FigureBrowser) -> None:
     """Stop using a browser that failed a figure; it is closed on a thread of its own (it may hang)."""
     global _browser, _given_up
     with _LOCK:
-        if _browser is browser:
-            _browser, _given_up = None, True
+        _given_up = True
+        if _browser is not browser:
+            return  # another thread dropped it already
+        _browser = None
     threading.Thread(target=browser.close, daemon=True).start()

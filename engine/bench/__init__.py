@@ -75,6 +75,8 @@ def run_bench(a) -> int:
             raise ValueError(f"bench --part {a.part} --shape: --device {device}, but no CUDA device is available")
         cfg = config_from_arguments(a)
         backend, dtype = a.backend or ("triton" if cuda else "sdpa"), a.dtype or ("bfloat16" if cuda else "float32")
+        if not cuda and backend != "sdpa":
+            raise ValueError(f"bench --shape on the CPU runs --backend sdpa (not {backend})")
         if a.part == "e2e":
             from .e2e import run_e2e_shape
 
