@@ -263,6 +263,11 @@ class Engine:
             raise GenerationError(f"out of memory: a KV cache for {batch} x {capacity} tokens needs {need / 2**30:.2f} GiB; "
                                   f"{free / 2**30:.2f} GiB is free")
 
+    def cache_capacity(self, need: int, nodes: int) -> int:
+        """KV slots for a run that needs `need`: rounded up to CACHE_GRANULE (similar runs share a cache
+        and its graphs), at most the context plus a tree of `nodes`."""
+        return min(-(-need // CACHE_GRANULE) * CACHE_GRANULE, self.max_seq_len + nodes)
+
     # -- decoding ------------------------------------------------------------------------------
     def session(self, prompts: list, cfg: GenerationConfig) -> Session:
         """Check everything (settings, tree, prompt lengths, memory), size the cache, and set up a run."""
@@ -272,16 +277,14 @@ class Engine:
         nodes = buf.num_nodes if buf is not None else 1
         if self.model.cache is None or self.model.cache.batch < len(prompts):
             # a batch that cannot fit even at one token a prompt is refused before all of it is tokenised
-            fewest = min(-(-(1 + cfg.max_new_tokens + nodes) // CACHE_GRANULE) * CACHE_GRANULE, self.max_seq_len + nodes)
-            self.check_cache_fits(len(prompts), fewest)
+            self.check_cache_fits(len(prompts), self.cache_capacity(1 + cfg.max_new_tokens + nodes, nodes))
         batch = [self.encode(p, chat=cfg.chat) for p in prompts]
         for r, ids in enumerate(batch):
             if len(ids) + cfg.max_new_tokens > self.max_seq_len:
                 which = f"prompt {r}" if len(batch) > 1 else "prompt"
                 raise GenerationError(f"{which} of {len(ids)} tokens + max_new_tokens {cfg.max_new_tokens} = "
                                       f"{len(ids) + cfg.max_new_tokens} exceeds the context of {self.max_seq_len} tokens")
-        need = max(map(len, batch)) + cfg.max_new_tokens + nodes
-        capacity = min(-(-need // CACHE_GRANULE) * CACHE_GRANULE, self.max_seq_len + nodes)
+        capacity = self.cache_capacity(max(map(len, batch)) + cfg.max_new_tokens + nodes, nodes)
         cache = self.model.cache
         if cache is None or cache.capacity < capacity or cache.batch < len(batch):
             self.check_cache_fits(len(batch), capacity)

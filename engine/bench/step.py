@@ -1,7 +1,6 @@
 """bench --part step (CUDA): one decoding step at the Llama-2-7B (MHA) and Llama-3-8B (GQA, 128k
 vocabulary) shapes, and at SmolLM2-135M's and the demo model's (30 and 5 thin layers: the launch-bound
-regime), with random bf16
-weights: our AR step and tree steps of 16/32/64 nodes (forward, lm_head, greedy verification,
+regime), with random bf16 weights: our AR step and tree steps of 16/32/64 nodes (forward, lm_head, greedy verification,
 compaction, next heads) eager, replayed from a CUDA graph, and graphed with the fused kernels; against
 the weight-read floor and `transformers` generate on the same tensors. Our models are made by the
 engine's own factory (`loading.build_model` + `fill_model`)."""
