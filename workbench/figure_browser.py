@@ -1,7 +1,7 @@
 """One kaleido Chromium kept for every figure image of this process.
 
-kaleido started a browser for each figure: 3.2-3.8 s a figure on a 2-core machine, where a kept one
-draws it in 0.2-0.3 s. kaleido's own sync server keeps one too, but it hands results back in the
+kaleido started a browser for each figure: 2.3-2.5 s a figure on a 2-core machine, where a kept one
+draws it in 0.16 s after its first (benchmarks/figure_export.py). kaleido's own sync server keeps one too, but it hands results back in the
 order they arrive, so two threads exporting at once can swap figures, and it waits without a
 timeout, so a browser that fails to start makes every later export hang. Here the browser lives on
 an event loop of its own thread; each figure is a future of its own on that loop, and every wait
