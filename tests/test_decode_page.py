@@ -152,14 +152,16 @@ def test_a_draw_uses_the_view_the_user_set_last_not_the_one_it_was_sent_with():
 
 def test_a_runs_end_reaches_the_page_in_small_messages(wb):
     """Each event's message is one task on the page's main thread: the stream carries only the text, the
-    stats and the step (its completion message repeats them all), and the run's end draws at most two
-    figures an event (all six in one message made the page's longest task, issue 31)."""
+    stats and the step (its completion message repeats them all), without Gradio's progress display (its
+    timer and borders kept the page busier through the run), and the run's end draws at most two figures
+    an event (all six in one message made the page's longest task, issue 31)."""
     from workbench.app import build_app
 
     app = build_app(wb)
     elem = lambda fn: [getattr(o, "elem_id", None) for o in fn.outputs]  # noqa: E731
     (stream,) = [fn for fn in app.fns.values() if fn.name == "decode_stream"]
     assert elem(stream) == ["stats", "out-text", "step-slider"]
+    assert stream.show_progress == "hidden"
     closing = [fn for fn in app.fns.values() if fn.name.startswith("closing_")]
     assert len(closing) == 4
     assert all(sum(isinstance(o, __import__("gradio").Plot) for o in fn.outputs) <= 2 for fn in closing)

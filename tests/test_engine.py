@@ -287,6 +287,25 @@ def test_compaction_reference_gathers_before_writing():
     assert torch.equal(v, -k) and torch.equal(k[:, 0, 0, 4:], before[:, 0, 0, 4:])
 
 
+@pytest.mark.parametrize("sm", [78, 132])
+def test_skinny_gemm_splits_fill_the_gpu_without_overflowing_the_workspace(sm):
+    """The K splits the skinny GEMM's tuner may time give one to four programs per SM (or, where none does, the
+    one nearest); the partials' workspace is sized from the same rule, so no timed config writes past it."""
+    from engine.kernels.gemv import BLOCKS, max_split, splits_for
+
+    for n in (256, 1000, 4096, 12288, 22016, 32000, 152064):
+        for bn, *_ in BLOCKS:
+            blocks = -(-n // bn)
+            splits = splits_for(n, bn, sm)
+            assert splits and max(splits) <= max_split(n, sm)
+            if blocks > 4 * sm:
+                assert splits == (1,)
+            elif blocks * 8 < sm:
+                assert splits == (8,)
+            else:
+                assert all(sm <= blocks * s <= 4 * sm for s in splits)
+
+
 def test_cache_is_sized_to_the_request_not_the_context(tmp_path):
     make_hf_model(tmp_path, "llama", n_kv=2, ctx=4096)
     eng = engine.load(tmp_path, heads=random_heads_sd(), device="cpu")

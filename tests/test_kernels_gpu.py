@@ -209,30 +209,66 @@ def test_skinny_gemm_matches_reference(dtype, m, n, k):
             assert rel_err(out, ref) < TOL[dtype]
 
 
+@pytest.mark.parametrize("m, n, k", grid([1, 64], [(4096, 4096), (4096, 11008), (1000, 384)],
+                                        quick=[(64, 4096, 4096)]))
+def test_every_skinny_config_matches_reference(m, n, k):
+    """Autotuning runs one config per shape, so the shape tests above reach only the winners: here every config
+    the tuner may time for this shape (each block shape with each split it allows) runs and must be exact."""
+    from triton.runtime.errors import OutOfResources
+
+    from engine.kernels import gemv
+
+    gen = torch.Generator(device="cuda").manual_seed(seed_of("gemv-configs", m, n, k))
+    x = torch.randn(m, k, device="cuda", generator=gen).to(BF16)
+    w = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).to(BF16)
+    b = torch.randn(n, device="cuda", generator=gen).to(BF16)
+    configs = gemv._worth_timing(gemv._skinny.configs, {"N": n, "X": x}, M_BLOCK=max(16, 1 << (m - 1).bit_length()))
+    assert {c.kwargs["SPLIT_K"] for c in configs} - {1}, "no config splits K here: the split path goes untested"
+    ran = 0
+    for c in configs:
+        for bias in (None, b):
+            try:
+                out = gemv.launch(gemv._skinny.fn, x, w, bias, **c.all_kwargs())
+            except OutOfResources:
+                continue
+            ref = gemv.linear_reference(x.double(), w.double(), bias.double() if bias is not None else None)
+            assert rel_err(out, ref) < TOL[BF16], c
+            ran += 1
+    assert ran >= len(configs)  # at most half were too large for shared memory
+
+
 @QUICK
 def test_split_k_gemms_replayed_from_one_graph_stay_exact():
-    """Split-K's last-arriving split adds the partials, counted on counters zeroed per call: three GEMMs
-    (two split, one not; one with bias) captured into one CUDA graph and replayed on new inputs must
-    equal the reference every replay, as a step's graph runs them."""
+    """Split-K's last-arriving split adds the partials, counted on counters zeroed per call: GEMMs (as tuned,
+    plus one forced to split K 8 ways and one forced not to split; one with bias) captured into one CUDA graph
+    and replayed on new inputs must equal the reference every replay, as a step's graph runs them."""
     from engine.kernels import gemv
 
     gen = torch.Generator(device="cuda").manual_seed(seed_of("gemv-graph"))
-    shapes = [(1, 4096, 4096), (16, 1000, 384), (3, 12288 * 2, 4096)]  # K split, split, not split (32-192 SMs)
+    shapes = [(1, 4096, 4096), (16, 1000, 384), (3, 12288 * 2, 4096)]
     xs = [torch.randn(m, k, device="cuda", generator=gen).to(BF16) for m, _, k in shapes]
     ws = [(torch.randn(n, k, device="cuda", generator=gen) / k**0.5).to(BF16) for _, n, k in shapes]
     bias = torch.randn(1000, device="cuda", generator=gen).to(BF16)
     bs = [None, bias, None]
-    for x, w, b in zip(xs, ws, bs):  # tune outside the capture
-        gemv.linear(x, w, b)
+    forced = [(0, dict(BLOCK_N=128, BLOCK_K=128, SPLIT_K=8, num_warps=8, num_stages=3)),
+              (1, dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4))]
+
+    def gemms():
+        return ([gemv.linear(x, w, b) for x, w, b in zip(xs, ws, bs)]
+                + [gemv.launch(gemv._skinny.fn, xs[i], ws[i], bs[i], **c) for i, c in forced])
+
+    gemms()  # tune and compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        outs = [gemv.linear(x, w, b) for x, w, b in zip(xs, ws, bs)]
+        outs = gemms()
+    which = [0, 1, 2] + [i for i, _ in forced]
     for _ in range(3):
         for x in xs:
             x.copy_(torch.randn(x.shape, device="cuda", generator=gen).to(BF16))
         graph.replay()
         torch.cuda.synchronize()
-        for x, w, b, out in zip(xs, ws, bs, outs):
-            ref = gemv.linear_reference(x.double(), w.double(), b.double() if b is not None else None)
+        for i, out in zip(which, outs):
+            b = bs[i]
+            ref = gemv.linear_reference(xs[i].double(), ws[i].double(), b.double() if b is not None else None)
             assert rel_err(out, ref) < TOL[BF16]

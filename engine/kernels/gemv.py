@@ -5,9 +5,10 @@ At batch 1 a projection is bound by reading its weight: W [N, K] bf16 is N*K*2 b
 cuBLAS's batch-1 kernels reached ~84 % of copy bandwidth on an H200 (benchmarks/README.md). Here
 one program owns BLOCK_N output features and walks K in BLOCK_K tiles, software-pipelined
 (num_stages), keeping every row of x in the same tile: W is read exactly once, in 16-byte-aligned
-rows, and x (small) comes from L2. Where N alone gives too few programs to fill the GPU, K is split:
-each split writes its fp32 partial to a workspace and counts itself in on a per-column-block
-counter, and the split that arrives last adds the partials (and the bias) and writes the output in
+rows, and x (small) comes from L2. Where N alone gives too few programs to fill the GPU, K is split
+(autotuned with the block shape, among the splits that give one to four programs per SM): each
+split writes its fp32 partial to a workspace and counts itself in on a per-column-block counter,
+and the split that arrives last adds the partials (and the bias) and writes the output in
 its dtype. One launch besides the counters' memset, where atomics into a zeroed fp32 buffer needed
 a memset of the whole output and a cast kernel after: inside a step's graph each small kernel costs
 ~1-2 µs. `bench --part step` times it against cuBLAS per shape; the engine uses it only where it
@@ -32,19 +33,58 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return F.linear(x, weight, bias)
 
 
+# (BLOCK_N, BLOCK_K, warps, stages). The wide blocks (128, 256) are for M = 64: every column block reads all of x
+# from L2, so at 64 rows narrow blocks read x several times the weight's own bytes
+BLOCKS = ((32, 256, 4, 4), (64, 128, 4, 4), (64, 256, 8, 3), (128, 128, 8, 3), (16, 512, 4, 3), (32, 512, 8, 3),
+          (128, 64, 4, 4), (256, 64, 8, 3))
+SPLITS = (1, 2, 4, 8)
+SMEM_BYTES = 227 * 1024  # Hopper's shared memory per block: a config whose pipelined tiles need more cannot launch
+
+
+def splits_for(n: int, block_n: int, sm: int) -> tuple[int, ...]:
+    """The K splits worth timing for N outputs in blocks of `block_n` on `sm` SMs: those that give between one
+    and four programs per SM (splitting further only adds partials to sum); the largest when none fills the GPU."""
+    blocks = -(-n // block_n)
+    fit = tuple(s for s in SPLITS if sm <= blocks * s <= 4 * sm)
+    return fit or ((1,) if blocks > 4 * sm else (SPLITS[-1],))
+
+
+def max_split(n: int, sm: int) -> int:
+    """The most K splits any config may use for N outputs: the partials' workspace is sized for it."""
+    return max(max(splits_for(n, bn, sm)) for bn, *_ in BLOCKS)
+
+
+_SM: dict[int, int] = {}
+
+
+def sm_count(device: torch.device) -> int:
+    dev = device.index if device.index is not None else torch.cuda.current_device()
+    if dev not in _SM:
+        _SM[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
+    return _SM[dev]
+
+
+def _worth_timing(configs: list, named_args: dict, **kwargs) -> list:
+    """Autotuning's early prune: each block shape with the splits that suit this N, none whose tiles overflow
+    shared memory at this M."""
+    n, m_block, sm = named_args["N"], kwargs["M_BLOCK"], sm_count(named_args["X"].device)
+    return [c for c in configs
+            if c.kwargs["SPLIT_K"] in splits_for(n, c.kwargs["BLOCK_N"], sm)
+            and (m_block + c.kwargs["BLOCK_N"]) * c.kwargs["BLOCK_K"] * 2 * c.num_stages <= SMEM_BYTES]
+
+
 if triton is not None:
 
     @triton.autotune(
-        configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-                 for bn, bk, w, s in ((32, 256, 4, 4), (64, 128, 4, 4), (64, 256, 8, 3), (128, 128, 8, 3),
-                                      (16, 512, 4, 3), (32, 512, 8, 3))],
-        key=["M_BLOCK", "N", "K", "SPLIT_K"],
+        configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split}, num_warps=w, num_stages=s)
+                 for bn, bk, w, s in BLOCKS for split in SPLITS],
+        key=["M_BLOCK", "N", "K"],
+        prune_configs_by={"early_config_prune": _worth_timing},
         reset_to_zero=["COUNT"],  # every timed config starts with its split counters at zero
     )
     @triton.jit
-    def _skinny(X, W, B, Y, PART, COUNT, M, N, K, sx, sw, sy,
-                HAS_BIAS: tl.constexpr, M_BLOCK: tl.constexpr, SPLIT_K: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _skinny(X, W, B, Y, PART, COUNT, M, N, K, sx, sw, sy, SPLIT_K,
+                HAS_BIAS: tl.constexpr, M_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rows = tl.arange(0, M_BLOCK)
@@ -62,24 +102,42 @@ if triton is not None:
             acc += tl.dot(x, tl.trans(w))
         ok = row_ok[:, None] & col_ok[None, :]
         tile = rows[:, None] * N + cols[None, :]
-        last = True
+        # SPLIT_K is a runtime argument (Triton folds a 1 into the kernel): `arrived` has one type on both branches
+        arrived = SPLIT_K - 1
         if SPLIT_K > 1:
             tl.store(PART + pid_k * M * N + tile, acc, mask=ok)
             tl.debug_barrier()  # every thread's partial is stored before the program counts itself in
             # release: this split's partial is visible before its count; acquire: the last one sees every partial
             arrived = tl.atomic_add(COUNT + pid_n, 1, sem="acq_rel")
-            last = arrived == SPLIT_K - 1
-            if last:
+        if arrived == SPLIT_K - 1:  # the last split to arrive (or the only one) writes the output
+            if SPLIT_K > 1:
                 acc = tl.zeros([M_BLOCK, BLOCK_N], tl.float32)
                 for s in range(SPLIT_K):  # .cg: read from L2, past this SM's L1
                     acc += tl.load(PART + s * M * N + tile, mask=ok, other=0.0, cache_modifier=".cg")
-        if last:
             if HAS_BIAS:
                 acc += tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
             tl.store(Y + rows[:, None] * sy + cols[None, :], acc.to(Y.dtype.element_ty), mask=ok)
 
 
-_SM: dict[int, int] = {}
+def launch(kernel, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, **config) -> torch.Tensor:
+    """`kernel` (the autotuned `_skinny`, or its plain `.fn` with a `config` spelled out, as the tests run
+    every config) on x2 [rows, K]: the output, the split partials' workspace and the zeroed counters."""
+    rows, k = x2.shape
+    n = weight.shape[0]
+    splits = max_split(n, sm_count(x2.device))
+    y = torch.empty(rows, n, device=x2.device, dtype=x2.dtype)
+    part, count = y, y  # unused when no config splits: no workspace, no memset
+    if splits > 1:
+        part = torch.empty(splits, rows, n, device=x2.device, dtype=torch.float32)
+        count = torch.zeros(triton.cdiv(n, 16), device=x2.device, dtype=torch.int32)  # >= one per column block
+
+    def grid(meta):
+        return (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])
+
+    kernel[grid](x2, weight, bias if bias is not None else weight, y, part, count, rows, n, k, x2.stride(0),
+                 weight.stride(0), y.stride(0), HAS_BIAS=bias is not None,
+                 M_BLOCK=max(16, triton.next_power_of_2(rows)), **config)
+    return y
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -87,24 +145,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     rows = x.numel() // x.shape[-1]
     if triton is None or not x.is_cuda or rows > MAX_ROWS or x.dtype not in (torch.bfloat16, torch.float16):
         return linear_reference(x, weight, bias)
-    n, k = weight.shape
-    x2 = x.reshape(rows, k)
+    x2 = x.reshape(rows, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    if dev not in _SM:
-        _SM[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
-    split = 1 if n >= 64 * _SM[dev] else max(1, min(8, (2 * _SM[dev] * 64) // n))  # enough programs to fill the GPU
-    m_block = max(16, triton.next_power_of_2(rows))
-    y = torch.empty(rows, n, device=x.device, dtype=x.dtype)
-    part, count = y, y  # unused by one split: no workspace, no memset
-    if split > 1:
-        part = torch.empty(split, rows, n, device=x.device, dtype=torch.float32)
-        count = torch.zeros(triton.cdiv(n, 16), device=x.device, dtype=torch.int32)  # >= one per column block
-
-    def grid(meta):
-        return (triton.cdiv(n, meta["BLOCK_N"]), split)
-
-    _skinny[grid](x2, weight, bias if bias is not None else weight, y, part, count, rows, n, k, x2.stride(0),
-                  weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, M_BLOCK=m_block, SPLIT_K=split)
-    return y.reshape(*x.shape[:-1], n)
+    return launch(_skinny, x2, weight, bias).reshape(*x.shape[:-1], weight.shape[0])

@@ -31,6 +31,10 @@ THROTTLE_S = 0.5
 TABLE_HEADERS = ["node", "path", "token", "head p", "path p", "status", "why"]
 FIGURE_NAMES = ("step_tree", "heads", "run", "acceptance", "calibration")
 FAILED = "✗ "  # how the stats line starts when a run did not happen (then no figures follow)
+# The stats line from the click to the run's first update (the run may wait in the queue behind other pages' runs).
+# Gradio's own progress display is hidden on the stream: its timer and animated borders kept the page's main
+# thread 30 % busier through a run (benchmarks/page_ab.py), on the CPU the decode shares on a small machine
+WAITING = "⏳ waiting for the engine…"
 TOKEN_CHARS = 40  # the node table's token column: long tokens are cut, with '…'
 # Every event that draws a step's figures takes its turn in this group of one, so figures land in the order their
 # events were triggered and the last one shows what the controls say now. Side by side, a view change made as a run
@@ -402,7 +406,7 @@ class DecodeTab:
 
         job = page.job(self.run_btn, decode_stream, [self.prompt, self.tree, page.editor, self.mode, self.accept,
                                                      self.temperature, self.top_p, self.seed, self.max_new],
-                       [self.stats, self.out_html, self.step], begun="⏳ decoding…")
+                       [self.stats, self.out_html, self.step], begun=WAITING, show_progress="hidden")
         (job.then(closing_tree, [self.stats] + fresh_view_in, [self.tree_plot, self.node_table, self.collapse], **DRAWS)
             .then(closing_heads, self.stats, self.head_plot, **DRAWS)
             .then(closing_run, self.stats, [self.run_plot, self.heat_plot], **DRAWS)
