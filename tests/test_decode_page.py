@@ -205,3 +205,17 @@ def test_a_runs_end_draws_every_figure_of_its_last_step(wb, session):
     assert len(table) == len(session.run.traces[-1]["tree"]) + 1
     assert session.run.run_id in json.dumps(values[7].get("choices"))
     assert fns["closing_heads"]("✗ failed", page) == gr.update()  # a failed run draws nothing
+
+
+def test_a_model_let_go_between_the_check_and_the_job_is_a_message(tabs, wb, monkeypatch):
+    """The session's model is checked before the run queues; if it is let go (or fails to load again) by the time
+    the job takes it, the run ends with that one line, not an exception that leaves the stats line waiting."""
+    from workbench.session import UserError
+
+    def gone(name):
+        raise UserError(f"model {name!r} was let go")
+
+    monkeypatch.setattr(wb.engines, "using", gone)
+    events = list(tabs.decode.decode(wb.sessions.get("evicted"), "def f():", "mc_sim_7b_63", "", "medusa", "greedy",
+                                     0.7, 1.0, 0, 8))
+    assert len(events) == 1 and "was let go" in events[0]["error"]

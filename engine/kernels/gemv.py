@@ -17,6 +17,8 @@ measured faster (the `skinny_gemm` switch of `loading.build_model`).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -38,19 +40,27 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 BLOCKS = ((32, 256, 4, 4), (64, 128, 4, 4), (64, 256, 8, 3), (128, 128, 8, 3), (16, 512, 4, 3), (32, 512, 8, 3),
           (128, 64, 4, 4), (256, 64, 8, 3))
 SPLITS = (1, 2, 4, 8)
+SPLIT_BELOW = 64  # K is split only for N under this many outputs per SM: larger N fills the GPU with column blocks
 SMEM_BYTES = 227 * 1024  # Hopper's shared memory per block: a config whose pipelined tiles need more cannot launch
 
 
 def splits_for(n: int, block_n: int, sm: int) -> tuple[int, ...]:
-    """The K splits worth timing for N outputs in blocks of `block_n` on `sm` SMs: those that give between one
-    and four programs per SM (splitting further only adds partials to sum); the largest when none fills the GPU."""
+    """The K splits worth timing for N outputs in blocks of `block_n` on `sm` SMs. None but 1 from SPLIT_BELOW
+    outputs per SM up: a matrix that large needs no split, and one that may split pays for a workspace and a
+    counter memset (a kernel of ~1-2 µs in a step's graph) on every call, whichever config won. Below: the
+    splits that give one to four programs per SM (splitting further only adds partials to sum), else the
+    largest split when even that leaves the GPU under-filled, or none when the column blocks alone overfill it."""
     blocks = -(-n // block_n)
+    if n >= SPLIT_BELOW * sm:
+        return (1,)
     fit = tuple(s for s in SPLITS if sm <= blocks * s <= 4 * sm)
     return fit or ((1,) if blocks > 4 * sm else (SPLITS[-1],))
 
 
+@functools.cache
 def max_split(n: int, sm: int) -> int:
-    """The most K splits any config may use for N outputs: the partials' workspace is sized for it."""
+    """The most K splits any config may use for N outputs on `sm` SMs: the partials' workspace is sized for it
+    (SM is part of the tuning key, so a config tuned on another GPU never runs past it)."""
     return max(max(splits_for(n, bn, sm)) for bn, *_ in BLOCKS)
 
 
@@ -67,7 +77,7 @@ def sm_count(device: torch.device) -> int:
 def _worth_timing(configs: list, named_args: dict, **kwargs) -> list:
     """Autotuning's early prune: each block shape with the splits that suit this N, none whose tiles overflow
     shared memory at this M."""
-    n, m_block, sm = named_args["N"], kwargs["M_BLOCK"], sm_count(named_args["X"].device)
+    n, m_block, sm = named_args["N"], kwargs["M_BLOCK"], named_args["SM"]
     return [c for c in configs
             if c.kwargs["SPLIT_K"] in splits_for(n, c.kwargs["BLOCK_N"], sm)
             and (m_block + c.kwargs["BLOCK_N"]) * c.kwargs["BLOCK_K"] * 2 * c.num_stages <= SMEM_BYTES]
@@ -78,12 +88,12 @@ if triton is not None:
     @triton.autotune(
         configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split}, num_warps=w, num_stages=s)
                  for bn, bk, w, s in BLOCKS for split in SPLITS],
-        key=["M_BLOCK", "N", "K"],
+        key=["M_BLOCK", "N", "K", "SM"],  # SM: the splits allowed, and the workspace sized for them, depend on it
         prune_configs_by={"early_config_prune": _worth_timing},
         reset_to_zero=["COUNT"],  # every timed config starts with its split counters at zero
     )
     @triton.jit
-    def _skinny(X, W, B, Y, PART, COUNT, M, N, K, sx, sw, sy, SPLIT_K,
+    def _skinny(X, W, B, Y, PART, COUNT, M, N, K, sx, sw, sy, SM, SPLIT_K,
                 HAS_BIAS: tl.constexpr, M_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -124,9 +134,10 @@ def launch(kernel, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     every config) on x2 [rows, K]: the output, the split partials' workspace and the zeroed counters."""
     rows, k = x2.shape
     n = weight.shape[0]
-    splits = max_split(n, sm_count(x2.device))
+    sm = sm_count(x2.device)
+    splits = max_split(n, sm)
     y = torch.empty(rows, n, device=x2.device, dtype=x2.dtype)
-    part, count = y, y  # unused when no config splits: no workspace, no memset
+    part, count = y, y  # unused when no config may split (N >= SPLIT_BELOW per SM): no workspace, no memset
     if splits > 1:
         part = torch.empty(splits, rows, n, device=x2.device, dtype=torch.float32)
         count = torch.zeros(triton.cdiv(n, 16), device=x2.device, dtype=torch.int32)  # >= one per column block
@@ -135,7 +146,7 @@ def launch(kernel, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         return (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])
 
     kernel[grid](x2, weight, bias if bias is not None else weight, y, part, count, rows, n, k, x2.stride(0),
-                 weight.stride(0), y.stride(0), HAS_BIAS=bias is not None,
+                 weight.stride(0), y.stride(0), sm, HAS_BIAS=bias is not None,
                  M_BLOCK=max(16, triton.next_power_of_2(rows)), **config)
     return y
 

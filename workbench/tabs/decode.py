@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 
 import gradio as gr
 
@@ -85,7 +86,12 @@ class DecodeTab:
         except UserError as e:
             yield {"error": str(e)}
             return
-        with self.wb.job(session) as engine:
+        with ExitStack() as held:
+            try:  # the model can be let go (or fail to load again) between the check above and the job
+                engine = held.enter_context(self.wb.job(session))
+            except UserError as e:
+                yield {"error": str(e)}
+                return
             if session.stop.is_set():  # Stop was pressed before this run left the queue
                 yield {"error": "stopped by user before the run started"}
                 return
