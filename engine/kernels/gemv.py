@@ -47,14 +47,13 @@ SMEM_BYTES = 227 * 1024  # Hopper's shared memory per block: a config whose pipe
 def splits_for(n: int, block_n: int, sm: int) -> tuple[int, ...]:
     """The K splits worth timing for N outputs in blocks of `block_n` on `sm` SMs. None but 1 from SPLIT_BELOW
     outputs per SM up: a matrix that large needs no split, and one that may split pays for a workspace and a
-    counter memset (a kernel of ~1-2 µs in a step's graph) on every call, whichever config won. Below: the
-    splits that give one to four programs per SM (splitting further only adds partials to sum), else the
-    largest split when even that leaves the GPU under-filled, or none when the column blocks alone overfill it."""
-    blocks = -(-n // block_n)
+    counter memset (a kernel of ~1-2 µs in a step's graph) on every call, whichever config won. Below it (at
+    most 4 * sm column blocks for any block of 16 or more): the splits that give one to four programs per SM
+    (splitting further only adds partials to sum), else the largest, when even that leaves the GPU under-filled."""
     if n >= SPLIT_BELOW * sm:
         return (1,)
-    fit = tuple(s for s in SPLITS if sm <= blocks * s <= 4 * sm)
-    return fit or ((1,) if blocks > 4 * sm else (SPLITS[-1],))
+    blocks = -(-n // block_n)
+    return tuple(s for s in SPLITS if sm <= blocks * s <= 4 * sm) or (SPLITS[-1],)
 
 
 @functools.cache
