@@ -137,6 +137,23 @@ def test_every_event_that_draws_a_steps_figures_waits_its_turn(wb):
     assert all(fn.trigger_mode == "always_last" for fn in redraws)
 
 
+def test_no_figure_or_table_carries_a_loading_status(wb):
+    """The events that draw a step's figures report their status on one hidden component. At every status
+    change of any event, Gradio's page sets the loading status again on every component that ever had one,
+    cloning each one's whole value: with the figures and the node table as progress targets (an event's
+    outputs, by default), a 255-node tree's were cloned over and over at a run's end (issue 31)."""
+    from workbench.app import build_app
+
+    plots = {"tree-plot", "head-plot", "run-plot", "heat-plot", "calib-plot"}
+    app = build_app(wb)
+    draws = [fn for fn in app.fns.values() if plots & {getattr(o, "elem_id", None) for o in fn.outputs}]
+    assert {"closing_tree", "closing_heads", "closing_run", "closing_saved", "select", "tick", "load_run"} <= \
+        {fn.name for fn in draws}
+    targets = {t for fn in draws for t in (fn.show_progress_on or fn.outputs)}
+    assert len(targets) == 1 and not targets.pop().visible
+    assert {fn.show_progress for fn in draws} == {"hidden"}
+
+
 def test_a_draw_uses_the_view_the_user_set_last_not_the_one_it_was_sent_with():
     """A run's closing figures are sent with the view controls' values as the run ends; a user's input
     after that must win when they are drawn after it (CI once saw 41 of 255 nodes drawn after 'show

@@ -320,6 +320,7 @@ class DecodeTab:
             self.step = gr.Slider(0, 1, value=0, step=1, label="step", scale=5, elem_id="step-slider")
             self.play_btn = gr.Button("▶ play", scale=1)
         self.timer = gr.Timer(0.6, active=False)
+        self.draw_status = gr.Markdown(visible=False)  # the figures' events report their status here (`wire`)
         with gr.Row():
             self.prune = gr.Slider(0, 0.5, value=0.02, step=0.005, label="prune: hide nodes whose path probability is below",
                                    info="the accepted path and its siblings always stay", scale=3, elem_id="prune")
@@ -351,6 +352,11 @@ class DecodeTab:
 
     def wire(self, page: Page) -> None:
         skip = gr.update()
+        # The figures' events report their status on a hidden component of their own, not on their outputs. At
+        # every status change of any event Gradio's page sets the loading status again on every component that
+        # ever had one, cloning each one's whole value to do so: a 255-node tree's figure and node table were
+        # cloned over and over at a run's end, in the page's longest tasks.
+        draws = dict(DRAWS, show_progress="hidden", show_progress_on=self.draw_status)
         view_in = [self.prune, self.show_all, self.collapse]
         # a run's end and a loaded run empty the collapse list (the new tree has its own nodes) and draw their
         # figures with nothing collapsed: they read the other view controls only
@@ -413,10 +419,10 @@ class DecodeTab:
         job = page.job(self.run_btn, decode_stream, [self.prompt, self.tree, page.editor, self.mode, self.accept,
                                                      self.temperature, self.top_p, self.seed, self.max_new],
                        [self.stats, self.out_html, self.step], begun=WAITING, show_progress="hidden")
-        (job.then(closing_tree, [self.stats] + fresh_view_in, [self.tree_plot, self.node_table, self.collapse], **DRAWS)
-            .then(closing_heads, self.stats, self.head_plot, **DRAWS)
-            .then(closing_run, self.stats, [self.run_plot, self.heat_plot], **DRAWS)
-            .then(closing_saved, self.stats, [self.calib_plot, self.runs_pick, self.runs_msg], **DRAWS))
+        (job.then(closing_tree, [self.stats] + fresh_view_in, [self.tree_plot, self.node_table, self.collapse], **draws)
+            .then(closing_heads, self.stats, self.head_plot, **draws)
+            .then(closing_run, self.stats, [self.run_plot, self.heat_plot], **draws)
+            .then(closing_saved, self.stats, [self.calib_plot, self.runs_pick, self.runs_msg], **draws))
         page.stop_button(self.stop_btn, self.stats)
 
         select_out = [self.tree_plot, self.head_plot, self.node_table, self.run_plot, self.out_html, self.step]
@@ -428,7 +434,7 @@ class DecodeTab:
                 return (skip,) * 6
             return tuple(skip if v is None else v for v in shown[:5]) + (gr.update(value=shown[5]),)
 
-        self.step.release(select, [self.step] + view_in, select_out, **DRAWS)
+        self.step.release(select, [self.step] + view_in, select_out, **draws)
 
         def clicked_text(prune_v, show, collapsed, evt: gr.EventData, request: gr.Request):
             data = getattr(evt, "_data", None)
@@ -436,7 +442,7 @@ class DecodeTab:
             step = run.step_at(data.get("offset")) if isinstance(data, dict) and run is not None else None
             return select(step, prune_v, show, collapsed, request)
 
-        self.out_html.click(clicked_text, view_in, select_out, **DRAWS)
+        self.out_html.click(clicked_text, view_in, select_out, **draws)
 
         def redraw(s, prune_v, show, collapsed, request: gr.Request):
             session = page.session(request)
@@ -451,10 +457,10 @@ class DecodeTab:
         # a user's input, not any change: a value the server sets draws nothing; always_last: the last value of a
         # drag or of quick toggles is drawn (input's default, "once", drops inputs that come while one is drawn)
         for c in (self.prune, self.show_all):
-            c.input(view_input, [self.step] + view_in, self.tree_plot, trigger_mode="always_last", **DRAWS)
+            c.input(view_input, [self.step] + view_in, self.tree_plot, trigger_mode="always_last", **draws)
         # the collapse list on change: its clear button and Backspace send no input event. A run's end empties it
         # and so draws the tree once more, queued before the closing figures in the same group
-        self.collapse.change(redraw, [self.step] + view_in, self.tree_plot, trigger_mode="always_last", **DRAWS)
+        self.collapse.change(redraw, [self.step] + view_in, self.tree_plot, trigger_mode="always_last", **draws)
 
         def toggle_play(label, request: gr.Request):
             label, active = self.play(page.session(request), label)
@@ -468,7 +474,7 @@ class DecodeTab:
                 return (skip,) * 6 + (gr.update(value="▶ play"), gr.Timer(active=False))
             return select(nxt, prune_v, show, collapsed, request) + (skip, skip)
 
-        self.timer.tick(tick, [self.step] + view_in, select_out + [self.play_btn, self.timer], **DRAWS)
+        self.timer.tick(tick, [self.step] + view_in, select_out + [self.play_btn, self.timer], **draws)
 
         restore_out = [self.prompt, self.tree, page.editor, self.mode, self.accept, self.temperature, self.top_p,
                        self.seed, self.max_new]
@@ -494,7 +500,7 @@ class DecodeTab:
         self.load_run_btn.click(load_run, [self.runs_pick] + fresh_view_in,
                                 [self.runs_msg, self.out_html, self.step, self.tree_plot, self.head_plot, self.node_table,
                                  self.run_plot, self.heat_plot, self.calib_plot, self.run_files, self.stats,
-                                 self.collapse] + restore_out, **DRAWS)
+                                 self.collapse] + restore_out, **draws)
 
     def on_load(self) -> tuple:
         """(runs dropdown update, runs note) when a page opens."""
