@@ -89,6 +89,51 @@ def test_a_loaded_run_gives_back_its_prompt_tree_and_settings(tabs, wb, session)
     assert tree == EDITOR and trees.validate(__import__("json").loads(editor)) == trees.validate(odd)
 
 
+@pytest.mark.parametrize("damage, named", [
+    (lambda t: t.pop("tree"), "lacks 'tree'"),
+    (lambda t: t.pop("accepted_text"), "lacks 'accepted_text'"),
+    (lambda t: t.update(node_tokens=t["node_tokens"][:-1]), "'node_tokens' is not a list of its"),
+    (lambda t: t.update(parent=None), "'parent' is not a list of its"),
+    (lambda t: t.update(accepted_nodes=[0, 999]), "'accepted_nodes' names nodes outside"),
+], ids=["tree", "accepted_text", "node_tokens", "parent", "accepted_nodes"])
+def test_a_damaged_saved_run_is_named_when_loaded(tabs, wb, session, damage, named):
+    """A saved run whose steps lack what the figures read is refused at loading with one line, not met
+    later as a drawing that fails (a review found KeyError and IndexError reaching the page)."""
+    traces = json.loads(json.dumps(session.run.traces))
+    damage(traces[-1])
+    run_id = wb.store.save_run(session.run.settings, traces, session.run.text)
+    other = wb.sessions.get("damaged")
+    msg = tabs.decode.load_run(other, run_id)
+    assert msg.startswith(f"✗ run {run_id} is damaged: step {len(traces) - 1}") and named in msg, msg
+    assert "\n" not in msg and other.run is None
+
+
+def test_a_figure_event_that_fails_says_so_in_one_line(wb):
+    """Every figure event reports an unexpected exception as one line (Gradio's error toast), logged with its
+    traceback: their status shows on a hidden component, and the app serves with show_error off."""
+    import gradio as gr
+
+    from workbench.app import build_app
+    from workbench.tabs.decode import reported
+
+    plots = {"tree-plot", "head-plot", "run-plot", "heat-plot", "calib-plot"}
+    draws = [fn for fn in build_app(wb).fns.values() if plots & {getattr(o, "elem_id", None) for o in fn.outputs}]
+    assert all(getattr(fn.fn, "__wrapped__", None) is not None for fn in draws), [fn.name for fn in draws]
+
+    def broken(step, request: gr.Request):
+        return {}["missing"]
+
+    def refused(step, request: gr.Request):
+        raise gr.Error("a message for the user")
+
+    with pytest.raises(gr.Error) as e:
+        reported(broken)(3, None)
+    assert e.value.message == "internal error (KeyError: 'missing'); the app is still running"
+    with pytest.raises(gr.Error, match="a message for the user"):
+        reported(refused)(3, None)
+    assert reported(broken).__name__ == "broken" and "request" in __import__("inspect").signature(reported(broken)).parameters
+
+
 def test_a_second_job_click_while_one_is_pending_is_refused(wb):
     s = wb.sessions
     assert s.begin("clicker") is True

@@ -61,6 +61,30 @@ def step_index(v: object, steps: int) -> int | None:
     return max(0, min(int(v), steps - 1))
 
 
+STEP_KEYS = ("step", "tree", "accepted_nodes", "accepted_tokens", "accepted_text")  # every step record has them
+PER_NODE_KEYS = ("parent", "node_tokens", "node_text", "target_argmax", "target_argmax_text", "target_argmax_prob")
+
+
+def step_problem(step: object) -> str | None:
+    """What a saved step record (docs/trace-schema.md) lacks for the Decode tab to draw it, or None: checked
+    when a run is loaded, so a damaged file is named there and not met later as a failed drawing."""
+    if not isinstance(step, dict):
+        return "a step is not a JSON object"
+    missing = [k for k in STEP_KEYS if k not in step]
+    if missing:
+        return f"step {step.get('step', '?')} lacks '{missing[0]}'"
+    if not isinstance(step["tree"], list):
+        return f"step {step['step']}: 'tree' is not a list of paths"
+    nodes = 1 + len(step["tree"])
+    for key in PER_NODE_KEYS:
+        if key in step and not (isinstance(step[key], list) and len(step[key]) == nodes):
+            return f"step {step['step']}: '{key}' is not a list of its {nodes} nodes"
+    accepted = step["accepted_nodes"]
+    if not (isinstance(accepted, list) and accepted and all(isinstance(i, int) and 0 <= i < nodes for i in accepted)):
+        return f"step {step['step']}: 'accepted_nodes' names nodes outside its tree"
+    return None
+
+
 @dataclass
 class RunState:
     """One decode run as the session sees it; every update is O(step)."""

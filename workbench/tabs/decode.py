@@ -3,6 +3,7 @@ step scrubber and playback, downloads, and the saved runs."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -21,7 +22,7 @@ from ..memory import on_one_thread
 from ..page import ACCEPT_CHOICES, PRIVATE, Page
 from ..plotzoom import warmup_plot, zoomable
 from ..runtext import CLICK_JS, text_html
-from ..session import RunState, Session, UserError, step_index, user_message
+from ..session import RunState, Session, UserError, step_index, step_problem, user_message
 from ..store import StoreError
 
 log = logging.getLogger("workbench")
@@ -42,6 +43,23 @@ TOKEN_CHARS = 40  # the node table's token column: long tokens are cut, with '�
 # ends was drawn before the run's slower closing figures, which then replaced it with the view they were sent.
 FIGURES_QUEUE = "decode-figures"
 DRAWS = dict(concurrency_limit=1, concurrency_id=FIGURES_QUEUE, **PRIVATE)
+
+
+def reported(handler):
+    """A figure event's handler whose unexpected exception is logged and shown as one line. These events
+    report their status on a hidden component and the app serves with Gradio's show_error off, so an
+    exception would otherwise leave no sign on the page."""
+    @functools.wraps(handler)  # Gradio reads the handler's signature (its gr.Request argument) and name
+    def run(*args, **kwargs):
+        try:
+            return handler(*args, **kwargs)
+        except gr.Error:
+            raise
+        except Exception as e:  # a bug, not bad input: say so, log the traceback, keep serving
+            log.exception("drawing failed")
+            raise gr.Error(f"internal error ({type(e).__name__}: {e}); the app is still running",
+                           print_exception=False) from None
+    return run
 
 
 def tree_view(session: Session, prune_v, show, collapsed) -> figures.TreeView:
@@ -214,6 +232,9 @@ class DecodeTab:
             summary, steps = self.wb.store.load_run(str(run_id or ""))
         except (StoreError, trees.TraceError, OSError, ValueError) as e:
             return f"✗ {user_message(e)}"
+        problem = next((p for p in map(step_problem, steps) if p is not None), None)
+        if problem is not None:
+            return f"✗ run {summary['id']} is damaged: {problem}"
         run = RunState(summary["settings"], run_id=summary["id"], finish=summary.get("finish") or "length")
         try:
             for s in steps:
@@ -419,10 +440,10 @@ class DecodeTab:
         job = page.job(self.run_btn, decode_stream, [self.prompt, self.tree, page.editor, self.mode, self.accept,
                                                      self.temperature, self.top_p, self.seed, self.max_new],
                        [self.stats, self.out_html, self.step], begun=WAITING, show_progress="hidden")
-        (job.then(closing_tree, [self.stats] + fresh_view_in, [self.tree_plot, self.node_table, self.collapse], **draws)
-            .then(closing_heads, self.stats, self.head_plot, **draws)
-            .then(closing_run, self.stats, [self.run_plot, self.heat_plot], **draws)
-            .then(closing_saved, self.stats, [self.calib_plot, self.runs_pick, self.runs_msg], **draws))
+        (job.then(reported(closing_tree), [self.stats] + fresh_view_in, [self.tree_plot, self.node_table, self.collapse], **draws)
+            .then(reported(closing_heads), self.stats, self.head_plot, **draws)
+            .then(reported(closing_run), self.stats, [self.run_plot, self.heat_plot], **draws)
+            .then(reported(closing_saved), self.stats, [self.calib_plot, self.runs_pick, self.runs_msg], **draws))
         page.stop_button(self.stop_btn, self.stats)
 
         select_out = [self.tree_plot, self.head_plot, self.node_table, self.run_plot, self.out_html, self.step]
@@ -434,7 +455,7 @@ class DecodeTab:
                 return (skip,) * 6
             return tuple(skip if v is None else v for v in shown[:5]) + (gr.update(value=shown[5]),)
 
-        self.step.release(select, [self.step] + view_in, select_out, **draws)
+        self.step.release(reported(select), [self.step] + view_in, select_out, **draws)
 
         def clicked_text(prune_v, show, collapsed, evt: gr.EventData, request: gr.Request):
             data = getattr(evt, "_data", None)
@@ -442,7 +463,7 @@ class DecodeTab:
             step = run.step_at(data.get("offset")) if isinstance(data, dict) and run is not None else None
             return select(step, prune_v, show, collapsed, request)
 
-        self.out_html.click(clicked_text, view_in, select_out, **draws)
+        self.out_html.click(reported(clicked_text), view_in, select_out, **draws)
 
         def redraw(s, prune_v, show, collapsed, request: gr.Request):
             session = page.session(request)
@@ -457,10 +478,10 @@ class DecodeTab:
         # a user's input, not any change: a value the server sets draws nothing; always_last: the last value of a
         # drag or of quick toggles is drawn (input's default, "once", drops inputs that come while one is drawn)
         for c in (self.prune, self.show_all):
-            c.input(view_input, [self.step] + view_in, self.tree_plot, trigger_mode="always_last", **draws)
+            c.input(reported(view_input), [self.step] + view_in, self.tree_plot, trigger_mode="always_last", **draws)
         # the collapse list on change: its clear button and Backspace send no input event. A run's end empties it
         # and so draws the tree once more, queued before the closing figures in the same group
-        self.collapse.change(redraw, [self.step] + view_in, self.tree_plot, trigger_mode="always_last", **draws)
+        self.collapse.change(reported(redraw), [self.step] + view_in, self.tree_plot, trigger_mode="always_last", **draws)
 
         def toggle_play(label, request: gr.Request):
             label, active = self.play(page.session(request), label)
@@ -474,7 +495,7 @@ class DecodeTab:
                 return (skip,) * 6 + (gr.update(value="▶ play"), gr.Timer(active=False))
             return select(nxt, prune_v, show, collapsed, request) + (skip, skip)
 
-        self.timer.tick(tick, [self.step] + view_in, select_out + [self.play_btn, self.timer], **draws)
+        self.timer.tick(reported(tick), [self.step] + view_in, select_out + [self.play_btn, self.timer], **draws)
 
         restore_out = [self.prompt, self.tree, page.editor, self.mode, self.accept, self.temperature, self.top_p,
                        self.seed, self.max_new]
@@ -497,7 +518,7 @@ class DecodeTab:
                     head_fig, table, run_fig, heat_fig, calib_fig, [str(d / "trace.jsonl"), str(d / "settings.json")],
                     run.stats(), gr.update(choices=self.collapse_choices(session), value=[])) + controls
 
-        self.load_run_btn.click(load_run, [self.runs_pick] + fresh_view_in,
+        self.load_run_btn.click(reported(load_run), [self.runs_pick] + fresh_view_in,
                                 [self.runs_msg, self.out_html, self.step, self.tree_plot, self.head_plot, self.node_table,
                                  self.run_plot, self.heat_plot, self.calib_plot, self.run_files, self.stats,
                                  self.collapse] + restore_out, **draws)
