@@ -221,26 +221,24 @@ def fused_greedy(model: Transformer, rule: Rule, state: DecodeState) -> bool:
 def _tree_forward_fused(model: Transformer, heads: MedusaHeads, buf: TreeBuffers, state: DecodeState,
                         span: int | None, trace: bool) -> StepTensors:
     """tree_forward under greedy acceptance with the fused kernels: the same forward and heads, and
-    seven launches for the rest (eight traced). The trace reuses the draft's top-k and the
+    five launches for the rest (six traced). The trace reuses the draft's top-k and the
     verification's per-node max and log-sum-exp, so tracing adds one kernel and no [B, T, V] pass."""
     start = state.lengths
     b, k, _ = state.head_logits.shape
     t = buf.num_nodes
-    drafted = greedy_step.row_topk(state.head_logits, buf.topk)
-    node_tokens, positions = greedy_step.draft(drafted.ids.view(b, k * buf.topk), state.root, buf.tree_indices,
-                                               buf.position_ids, start)
-    hidden = model(node_tokens, positions, start=start, block_mask=buf.attn_mask, tree_bits=buf.mask_bits,
+    drafted = greedy_step.draft(state.head_logits, buf.topk, state.root, buf.tree_indices, buf.position_ids, start)
+    hidden = model(drafted.tokens, drafted.positions, start=start, block_mask=buf.attn_mask, tree_bits=buf.mask_bits,
                    span=span or max(state.host_lengths) + t)  # [B, T, d]
     logits = model.lm_head(hidden)  # [B, T, V] in the model's dtype: the kernels read it as it is
-    target = greedy_step.row_topk(logits, 1)
     width = trace_width(t, k, buf.topk) if trace else 0
-    acc = greedy_step.greedy_accept(buf.retrieve_indices, node_tokens, target.ids.view(b, t), start, width)
+    acc = greedy_step.greedy_accept(buf.retrieve_indices, drafted.tokens, logits, start, width)
     model.cache.compact(acc.src, acc.dst)
     state.head_logits = _head_logits(heads, model, hidden.view(b * t, -1)[acc.last_row])
     state.lengths, state.root = acc.lengths, acc.root
     if trace:
         w = acc.nodes.shape[1]
-        greedy_step.trace_fields(acc.packed[:, 1 + 2 * w:], node_tokens, buf.parent, logits, target, drafted, buf.topk)
+        greedy_step.trace_fields(acc.packed[:, 1 + 2 * w:], drafted.tokens, buf.parent, logits, acc.target, drafted.top,
+                                 buf.topk)
     return StepTensors(acc.packed, t, k if trace else 0, buf.topk, trace)
 
 

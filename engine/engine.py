@@ -356,17 +356,20 @@ class Engine:
             t0 = time.perf_counter()
             session = self.session(prompts, cfg)
             per_request: list[list[StepEvent]] = [[] for _ in prompts]
+            traces: list[list[dict]] = [[] for _ in prompts]
             try:
                 for events in session.run():
                     for ev in events:
                         per_request[ev.request].append(ev)
+                        if ev.trace is not None:  # built here, while the GPU runs the step queued after this one
+                            traces[ev.request].append(ev.trace)
             finally:
                 session.close()
             wall = time.perf_counter() - t0
         finally:
             self._release()
         results = []
-        for req, evs in zip(session.requests, per_request):
+        for req, evs, req_traces in zip(session.requests, per_request, traces):
             results.append(Result(
                 text="".join(e.text for e in evs),
                 token_ids=req.tokens,
@@ -379,7 +382,7 @@ class Engine:
                 tree=session.choices,
                 prompt_tokens=len(req.prompt),
                 finish_reason=req.finish or "length",
-                traces=[e.trace for e in evs if e.trace is not None],
+                traces=req_traces,
             ))
         return results if batched else results[0]
 

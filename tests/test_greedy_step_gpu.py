@@ -77,12 +77,15 @@ def _step_inputs(n: int, batch: int, vocab: int, case):
 
 @pytest.mark.parametrize("n", [pytest.param(1, marks=QUICK), 12, pytest.param(63, marks=QUICK), 255])
 def test_draft_matches_reference(n):
-    _, buf, head_logits, root, start = _step_inputs(n, 3, 50, ("draft", n))
-    top = gs.row_topk(head_logits, buf.topk)
-    tokens, positions = gs.draft(top.ids.view(3, -1), root, buf.tree_indices, buf.position_ids, start)
+    """Node tokens and positions, and the heads' top-k the draft's merge wrote (as row_topk's)."""
+    _, buf, head_logits, root, start = _step_inputs(n, 3, 5000, ("draft", n))
+    got = gs.draft(head_logits, buf.topk, root, buf.tree_indices, buf.position_ids, start)
     state = decode.DecodeState(start, start.tolist(), root, head_logits)
-    assert torch.equal(tokens, decode.draft(state, buf))
-    assert torch.equal(positions, start[:, None] + buf.position_ids[None])
+    assert torch.equal(got.tokens, decode.draft(state, buf))
+    assert torch.equal(got.positions, start[:, None] + buf.position_ids[None])
+    want = gs.row_topk_reference(head_logits, buf.topk)
+    assert torch.equal(got.top.values, want.values) and torch.equal(got.top.ids, want.ids)
+    torch.testing.assert_close(got.top.lse, want.lse, rtol=1e-5, atol=1e-5)
 
 
 def _targets_along_paths(buf, tokens, g, plan):
@@ -108,9 +111,11 @@ def test_greedy_accept_matches_reference(n):
     paths = buf.retrieve_indices.shape[0]
     plan = [(paths - 1, 99), (0, 0), (0, 2), (int(torch.randint(0, paths, (1,), generator=g)), 99)]
     target = _targets_along_paths(buf, tokens, g, plan)
-    logits = torch.full((*target.shape, 10_000 + 1000), -5.0, device=DEV).scatter_(2, target[..., None], 5.0)
+    logits = torch.randn(*target.shape, 10_000 + 1000, generator=g).to(DEV).scatter_(2, target[..., None], 50.0)
     nodes, kept, next_root = RULES["greedy"].verify(buf, tokens, logits, SamplingParams(), None)
-    acc = gs.greedy_accept(buf.retrieve_indices, tokens, target, start)
+    acc = gs.greedy_accept(buf.retrieve_indices, tokens, logits, start)
+    assert torch.equal(acc.target.ids[:, 0], target.flatten())
+    torch.testing.assert_close(acc.target.lse, logits.flatten(0, 1).logsumexp(-1), rtol=1e-5, atol=1e-5)
     steps = torch.arange(nodes.shape[1], device=DEV)
     assert torch.equal(acc.nodes, nodes) and torch.equal(acc.kept, kept) and torch.equal(acc.root, next_root)
     assert torch.equal(acc.packed, torch.cat((kept[:, None], nodes, tokens.gather(1, nodes)), 1))

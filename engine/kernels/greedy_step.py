@@ -4,10 +4,14 @@ argmax at every node, verification with the next root and the compaction's slots
 Eagerly this work was 65 small torch kernels on a 64-node step (topk, cat, index, cumprod, argmax, ...).
 At SmolLM2's size a step is launch-bound, so inside a CUDA graph each costs its launch and its tail
 whatever its size (benchmarks/README.md, "SmolLM2-shape step"). Here it is:
-  `row_topk`      2 launches  top-k, max and log-sum-exp of every row (heads' top-k; target argmax)
-  `draft`         1 launch    node tokens and positions from the heads' top-k
-  `greedy_accept` 1 launch    the accepted path, packed step, next root and lengths, compaction slots
+  `draft`         2 launches  the heads' top-k (a pass over vocabulary chunks, then their merge), and
+                              in the merge's program the node tokens and positions
+  `greedy_accept` 2 launches  the target's argmax and log-sum-exp at every node (the same two
+                              passes), and in the merge's program the accepted path, packed step,
+                              next root and lengths, and the compaction's slots
   `trace_fields`  1 launch    the step trace (traced steps only: the untraced step runs no extra kernel)
+`row_topk` is the two passes alone (an AR step's trace). A merge and the work after it share a
+program, one per request, so the step needs no launch to wait for the merge to finish.
 The torch code these replace is their reference (`decode.tree_forward`'s unfused branch, and
 `decode.trace_fields`); tests/test_greedy_step_gpu.py compares them on random inputs, and the engine's
 greedy Medusa must still equal AR token for token under graphs.
@@ -31,6 +35,7 @@ except ImportError:  # CPU-only installs use the references
     triton = None
 
 CHUNK = 2048  # vocabulary entries per program in row_topk's first pass
+MERGE_ROWS = 4  # rows per program in row_topk's merge
 
 
 @dataclass
@@ -50,6 +55,14 @@ class Accepted:
     last_row: torch.Tensor  # [B] b * T + the last kept node: its row of the [B * T] hidden states feeds the next heads
     src: torch.Tensor  # [B, W] cache slots of the accepted nodes ...
     dst: torch.Tensor  # [B, W] ... and where they move (KVCache.compact)
+    target: TopK  # the target's argmax and log-sum-exp at every node (rows b * T + t)
+
+
+@dataclass
+class Drafted:
+    top: TopK  # the heads' top-k (rows b * K + h)
+    tokens: torch.Tensor  # [B, T] node tokens
+    positions: torch.Tensor  # [B, T] start + depth
 
 
 def row_topk_reference(x: torch.Tensor, k: int) -> TopK:
@@ -81,46 +94,69 @@ if triton is not None:
             x = tl.where(tl.arange(0, BLOCK) == j, float("-inf"), x)
 
     @triton.jit
-    def _merge_topk(Vals, Ids, Max, SumExp, OutVals, OutIds, Lse, n_chunks,
-                    K: tl.constexpr, CAND: tl.constexpr, CHUNKS: tl.constexpr):
-        """Program (row): the row's top-K among its chunks' candidates (chunks in index order, so the
-        first of equal candidates has the smaller index) and the log-sum-exp over the chunks."""
-        row = tl.program_id(0)
-        pos = tl.arange(0, CAND)
-        ok = pos < n_chunks * K
-        vals = tl.load(Vals + row * n_chunks * K + pos, mask=ok, other=float("-inf"))
-        ids = tl.load(Ids + row * n_chunks * K + pos, mask=ok, other=0)
-        for i in range(K):
-            j = tl.argmax(vals, axis=0)
-            tl.store(OutVals + row * K + i, tl.max(vals, axis=0))
-            tl.store(OutIds + row * K + i, tl.sum(tl.where(pos == j, ids, 0), axis=0))
-            vals = tl.where(pos == j, float("-inf"), vals)
-        c = tl.arange(0, CHUNKS)
-        m = tl.load(Max + row * n_chunks + c, mask=c < n_chunks, other=float("-inf"))
-        s = tl.load(SumExp + row * n_chunks + c, mask=c < n_chunks, other=0.0)
-        top = tl.max(m, axis=0)
-        tl.store(Lse + row, top + tl.log(tl.sum(s * tl.exp(m - top), axis=0)))
+    def _merge_rows(first, limit, Vals, Ids, Max, SumExp, OutVals, OutIds, Lse, n_chunks, K: tl.constexpr,
+                    N_ROWS: tl.constexpr, ROWS: tl.constexpr, CAND: tl.constexpr, CHUNKS: tl.constexpr):
+        """Rows first .. first + N_ROWS - 1 that are below `limit`, ROWS at a time: each row's top-K
+        among its chunks' candidates (chunks in index order, so the first of equal candidates has
+        the smaller index) and its log-sum-exp over the chunks."""
+        pos = tl.arange(0, CAND)[None, :]
+        c = tl.arange(0, CHUNKS)[None, :]
+        for r0 in range(0, N_ROWS, ROWS):
+            row = first + r0 + tl.arange(0, ROWS)
+            row_ok = row < limit
+            ok = row_ok[:, None] & (pos < n_chunks * K)
+            vals = tl.load(Vals + row[:, None] * n_chunks * K + pos, mask=ok, other=float("-inf"))
+            ids = tl.load(Ids + row[:, None] * n_chunks * K + pos, mask=ok, other=0)
+            for i in range(K):
+                j = tl.argmax(vals, axis=1)[:, None]
+                tl.store(OutVals + row * K + i, tl.max(vals, axis=1), mask=row_ok)
+                tl.store(OutIds + row * K + i, tl.sum(tl.where(pos == j, ids, 0), axis=1), mask=row_ok)
+                vals = tl.where(pos == j, float("-inf"), vals)
+            live = row_ok[:, None] & (c < n_chunks)
+            m = tl.load(Max + row[:, None] * n_chunks + c, mask=live, other=float("-inf"))
+            s = tl.load(SumExp + row[:, None] * n_chunks + c, mask=live, other=0.0)
+            top = tl.where(row_ok, tl.max(m, axis=1), 0.0)  # rows past the end would make -inf - -inf
+            tl.store(Lse + row, top + tl.log(tl.sum(s * tl.exp(m - top[:, None]), axis=1)), mask=row_ok)
 
     @triton.jit
-    def _draft(Ids, Root, TreeIdx, PosIds, Start, Tokens, Positions, T, KT, BLOCK_T: tl.constexpr):
-        """Program (request): node t's token is the root (flat index 0) or entry f - 1 of the heads'
-        flattened top-k [K * topk]; its position is the request's length plus its depth."""
+    def _merge_topk(Vals, Ids, Max, SumExp, OutVals, OutIds, Lse, n_rows, n_chunks,
+                    K: tl.constexpr, ROWS: tl.constexpr, CAND: tl.constexpr, CHUNKS: tl.constexpr):
+        """Program (block of ROWS rows): `_merge_rows`."""
+        _merge_rows(tl.program_id(0) * ROWS, n_rows, Vals, Ids, Max, SumExp, OutVals, OutIds, Lse, n_chunks,
+                    K, ROWS, ROWS, CAND, CHUNKS)
+
+    @triton.jit
+    def _merge_draft(Vals, Ids, Max, SumExp, OutVals, OutIds, Lse, Root, TreeIdx, PosIds, Start, Tokens, Positions,
+                     n_chunks, heads, T, TOPK: tl.constexpr, ROWS: tl.constexpr, CAND: tl.constexpr,
+                     CHUNKS: tl.constexpr, BLOCK_T: tl.constexpr):
+        """Program (request): its heads' top-k (`_merge_rows`), then the draft: node t's token is the
+        root (flat index 0) or entry f - 1 of the heads' flattened top-k [K * topk]; its position is
+        the request's length plus its depth."""
         b = tl.program_id(0)
+        _merge_rows(b * heads, b * heads + heads, Vals, Ids, Max, SumExp, OutVals, OutIds, Lse, n_chunks, TOPK, ROWS, ROWS,
+                    CAND, CHUNKS)
+        tl.debug_barrier()  # the top-k ids stored above are read back, by other threads, below
         t = tl.arange(0, BLOCK_T)
         ok = t < T
         f = tl.load(TreeIdx + t, mask=ok, other=0)
-        tok = tl.load(Ids + b * KT + tl.maximum(f - 1, 0), mask=ok & (f > 0), other=0)
+        tok = tl.load(OutIds + b * heads * TOPK + tl.maximum(f - 1, 0), mask=ok & (f > 0), other=0)
         tok = tl.where(f == 0, tl.load(Root + b), tok)
         tl.store(Tokens + b * T + t, tok, mask=ok)
         tl.store(Positions + b * T + t, tl.load(Start + b) + tl.load(PosIds + t, mask=ok, other=0), mask=ok)
 
     @triton.jit
-    def _greedy_accept(Retrieve, Tokens, Target, Start, Packed, Roots, Lengths, LastRow, Src, Dst,
-                       T, P, W, packed_stride, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr):
-        """Program (request): every root-to-leaf path's accepted length (nodes whose token is the
+    def _merge_accept(Vals, Ids, Max, SumExp, TopVals, TopIds, Lse, Retrieve, Tokens, Start, Packed, Roots, Lengths,
+                      LastRow, Src, Dst, n_chunks, T, P, W, packed_stride, BLOCK_T: tl.constexpr, ROWS: tl.constexpr,
+                      CAND: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+                      BLOCK_W: tl.constexpr):
+        """Program (request): the target's argmax and log-sum-exp at each of its T nodes
+        (`_merge_rows`), then every root-to-leaf path's accepted length (nodes whose token is the
         target's argmax at their parent, from the root down), the first longest path, and what
         the step writes from it."""
         b = tl.program_id(0)
+        _merge_rows(b * T, b * T + T, Vals, Ids, Max, SumExp, TopVals, TopIds, Lse, n_chunks, 1, BLOCK_T, ROWS, CAND,
+                    CHUNKS)
+        tl.debug_barrier()  # the argmaxes stored above are read back, by other threads, below
         p = tl.arange(0, BLOCK_P)[:, None]
         j = tl.arange(0, BLOCK_D)[None, :]
         inside = (p < P) & (j < W - 1)
@@ -128,7 +164,7 @@ if triton is not None:
         parent = tl.load(Retrieve + p * W + j, mask=inside, other=0)  # the node whose argmax judges it
         present = child >= 0
         cand = tl.load(Tokens + b * T + child, mask=present, other=-1)
-        want = tl.load(Target + b * T + parent, mask=present, other=-2)
+        want = tl.load(TopIds + b * T + parent, mask=present, other=-2)
         fail = tl.where(present & (cand == want), W - 1, j + 0 * p)  # first failing depth, else D
         length = tl.where(tl.arange(0, BLOCK_P) < P, tl.min(fail, axis=1), -1)
         row = tl.argmax(length, axis=0)  # the first path of the greatest length
@@ -146,7 +182,7 @@ if triton is not None:
         tl.store(Src + b * W + w, start + node, mask=wok)
         tl.store(Dst + b * W + w, start + tl.minimum(w, kept - 1), mask=wok)
         tl.store(LastRow + b, b * T + last)
-        tl.store(Roots + b, tl.load(Target + b * T + last))
+        tl.store(Roots + b, tl.load(TopIds + b * T + last))
         tl.store(Lengths + b, start + kept)
 
     @triton.jit
@@ -187,11 +223,29 @@ def _pow2(n: int, least: int = 16) -> int:
     return max(least, triton.next_power_of_2(n))
 
 
-def row_topk(x: torch.Tensor, k: int) -> TopK:
-    """`row_topk_reference` over the last dim of a CUDA tensor [A, C, V] (any float dtype; V
-    contiguous, A and C any strides: the heads' logits are [B, K, V] transposed from [K, B, V]),
-    rows in order a * C + c, in two launches. Rows must hold at least k finite values (a chunk of
-    only -inf adds nothing to the log-sum-exp)."""
+@dataclass
+class _Chunks:
+    """row_topk's first pass: each (row, chunk)'s top-k, max and sum of exp(x - max)."""
+
+    vals: torch.Tensor  # [R, n_chunks, k] float32
+    ids: torch.Tensor  # [R, n_chunks, k] int64
+    max: torch.Tensor  # [R, n_chunks] float32
+    sum_exp: torch.Tensor  # [R, n_chunks] float32
+    k: int
+
+    @property
+    def n_chunks(self) -> int:
+        return self.max.shape[1]
+
+    def args(self) -> tuple:
+        return self.vals, self.ids, self.max, self.sum_exp
+
+    def merge_sizes(self) -> dict:
+        return dict(CAND=_pow2(self.n_chunks * self.k), CHUNKS=_pow2(self.n_chunks))
+
+
+def _chunk_pass(x: torch.Tensor, k: int) -> _Chunks:
+    """The first of row_topk's two launches over x [A, C, V] (V contiguous; A, C any strides)."""
     outer, inner, vocab = x.shape
     if x.stride(2) != 1:
         raise ValueError("row_topk needs the last dim contiguous")
@@ -199,49 +253,71 @@ def row_topk(x: torch.Tensor, k: int) -> TopK:
     block = min(CHUNK, _pow2(vocab))
     n_chunks = triton.cdiv(vocab, block)
     dev = x.device
-    vals = torch.empty(rows, n_chunks, k, device=dev, dtype=torch.float32)
-    ids = torch.empty(rows, n_chunks, k, device=dev, dtype=torch.int64)
-    part_max = torch.empty(rows, n_chunks, device=dev, dtype=torch.float32)
-    part_sum = torch.empty(rows, n_chunks, device=dev, dtype=torch.float32)
-    _chunk_topk[(rows, n_chunks)](x, vals, ids, part_max, part_sum, vocab, n_chunks, inner, x.stride(0), x.stride(1),
-                                  K=k, BLOCK=block)
-    out = TopK(torch.empty(rows, k, device=dev, dtype=torch.float32), torch.empty(rows, k, device=dev, dtype=torch.int64),
-               torch.empty(rows, device=dev, dtype=torch.float32))
-    _merge_topk[(rows,)](vals, ids, part_max, part_sum, out.values, out.ids, out.lse, n_chunks,
-                         K=k, CAND=_pow2(n_chunks * k), CHUNKS=_pow2(n_chunks))
+    chunks = _Chunks(torch.empty(rows, n_chunks, k, device=dev, dtype=torch.float32),
+                     torch.empty(rows, n_chunks, k, device=dev, dtype=torch.int64),
+                     torch.empty(rows, n_chunks, device=dev, dtype=torch.float32),
+                     torch.empty(rows, n_chunks, device=dev, dtype=torch.float32), k)
+    _chunk_topk[(rows, n_chunks)](x, *chunks.args(), vocab, n_chunks, inner, x.stride(0), x.stride(1), K=k, BLOCK=block)
+    return chunks
+
+
+def _empty_topk(rows: int, k: int, device) -> TopK:
+    return TopK(torch.empty(rows, k, device=device, dtype=torch.float32),
+                torch.empty(rows, k, device=device, dtype=torch.int64), torch.empty(rows, device=device, dtype=torch.float32))
+
+
+def row_topk(x: torch.Tensor, k: int) -> TopK:
+    """`row_topk_reference` over the last dim of a CUDA tensor [A, C, V] (any float dtype; V
+    contiguous, A and C any strides: the heads' logits are [B, K, V] transposed from [K, B, V]),
+    rows in order a * C + c, in two launches. Rows must hold at least k finite values (a chunk of
+    only -inf adds nothing to the log-sum-exp)."""
+    chunks = _chunk_pass(x, k)
+    rows = chunks.max.shape[0]
+    out = _empty_topk(rows, k, x.device)
+    _merge_topk[(triton.cdiv(rows, MERGE_ROWS),)](*chunks.args(), out.values, out.ids, out.lse, rows, chunks.n_chunks,
+                                                   K=k, ROWS=MERGE_ROWS, **chunks.merge_sizes())
     return out
 
 
-def draft(head_ids: torch.Tensor, root: torch.Tensor, tree_indices: torch.Tensor, position_ids: torch.Tensor,
-          start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """head_ids [B, K * topk] (each head's top-k, head-major), root [B], start [B] -> node tokens
-    and positions [B, T] (decode.draft, and start + depth)."""
-    b, kt = head_ids.shape
+def draft(head_logits: torch.Tensor, topk: int, root: torch.Tensor, tree_indices: torch.Tensor,
+          position_ids: torch.Tensor, start: torch.Tensor) -> Drafted:
+    """head_logits [B, K, V] (`row_topk`'s layouts), root [B], start [B] -> the heads' top-k (rows
+    b * K + h) and the node tokens and positions [B, T] (decode.draft, and start + depth), in two
+    launches: the top-k's first pass, then its merge and the draft in one program per request."""
+    b, k, _ = head_logits.shape
     t = tree_indices.numel()
-    tokens = torch.empty(b, t, device=root.device, dtype=torch.int64)
-    positions = torch.empty(b, t, device=root.device, dtype=torch.int64)
-    _draft[(b,)](head_ids.contiguous(), root, tree_indices, position_ids, start, tokens, positions, t, kt,
-                 BLOCK_T=_pow2(t))
-    return tokens, positions
+    chunks = _chunk_pass(head_logits, topk)
+    dev = root.device
+    out = Drafted(_empty_topk(b * k, topk, dev), torch.empty(b, t, device=dev, dtype=torch.int64),
+                  torch.empty(b, t, device=dev, dtype=torch.int64))
+    _merge_draft[(b,)](*chunks.args(), out.top.values, out.top.ids, out.top.lse, root, tree_indices, position_ids, start,
+                       out.tokens, out.positions, chunks.n_chunks, k, t, TOPK=topk, ROWS=_pow2(k, 1),
+                       BLOCK_T=_pow2(t), **chunks.merge_sizes())
+    return out
 
 
-def greedy_accept(retrieve: torch.Tensor, tokens: torch.Tensor, target: torch.Tensor, start: torch.Tensor,
+def greedy_accept(retrieve: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor, start: torch.Tensor,
                   trace_width: int = 0) -> Accepted:
-    """retrieve [P, W] (root-to-leaf paths, -1 padded), node tokens and target argmax [B, T], start
-    [B] -> what the step keeps (accept.RULES["greedy"].verify and tree_forward's bookkeeping).
-    `packed` gets trace_width more columns, left for `trace_fields` to fill."""
+    """retrieve [P, W] (root-to-leaf paths, -1 padded), node tokens [B, T], the target's logits at
+    every node [B, T, V] (`row_topk`'s layouts), start [B] -> the target's argmax and log-sum-exp
+    per node, and what the step keeps (accept.RULES["greedy"].verify and tree_forward's
+    bookkeeping), in two launches: the argmax's first pass, then its merge and the verification in
+    one program per request. `packed` gets trace_width more columns, left for `trace_fields` to fill."""
     b, t = tokens.shape
     paths, w = retrieve.shape
     dev = tokens.device
+    chunks = _chunk_pass(logits, 1)
 
     def new(*shape):
         return torch.empty(*shape, device=dev, dtype=torch.int64)
 
     packed = new(b, 1 + 2 * w + trace_width)
-    acc = Accepted(packed, packed[:, 1: 1 + w], packed[:, 0], new(b), new(b), new(b), new(b, w), new(b, w))
-    _greedy_accept[(b,)](retrieve, tokens, target.contiguous(), start, acc.packed, acc.root,
-                         acc.lengths, acc.last_row, acc.src, acc.dst, t, paths, w, acc.packed.stride(0),
-                         BLOCK_P=_pow2(paths, 1), BLOCK_D=_pow2(w - 1, 1), BLOCK_W=_pow2(w, 1))
+    acc = Accepted(packed, packed[:, 1: 1 + w], packed[:, 0], new(b), new(b), new(b), new(b, w), new(b, w),
+                   _empty_topk(b * t, 1, dev))
+    _merge_accept[(b,)](*chunks.args(), acc.target.values, acc.target.ids, acc.target.lse, retrieve, tokens, start,
+                        acc.packed, acc.root, acc.lengths, acc.last_row, acc.src, acc.dst, chunks.n_chunks, t, paths, w,
+                        acc.packed.stride(0), BLOCK_T=_pow2(t, 1), ROWS=min(64, _pow2(t, 1)), BLOCK_P=_pow2(paths, 1),
+                        BLOCK_D=_pow2(w - 1, 1), BLOCK_W=_pow2(w, 1), **chunks.merge_sizes())
     return acc
 
 
