@@ -217,7 +217,7 @@ def kernel_breakdown(fn, steps: int = 5) -> dict:
                 "gemm" if any(w in name for w in ("gemm", "gemv", "nvjet", "cutlass", "sm90", "splitk", "_skinny")) else
                 "fused pointwise (ours)" if any(w in name for w in ("_add_rms_norm", "_rope_qkv", "_silu_mul")) else
                 "compaction" if "_compact" in name else
-                "medusa step (ours)" if any(w in name for w in ("_chunk_topk", "_merge_topk", "_draft", "_greedy_accept",
+                "medusa step (ours)" if any(w in name for w in ("_chunk_topk", "_merge_topk", "_merge_draft", "_merge_accept",
                                                                   "_trace")) else
                 "index/copy" if any(w in name for w in ("index", "copy", "memcpy", "memset", "scatter", "gather", "cat"))
                 else "other")
