@@ -45,6 +45,12 @@ FIGURES_QUEUE = "decode-figures"
 DRAWS = dict(concurrency_limit=1, concurrency_id=FIGURES_QUEUE, **PRIVATE)
 
 
+def internal_error(what: str, e: Exception) -> str:
+    """A bug's one line for the page (not bad input: that has its own message), its traceback logged."""
+    log.exception(what)
+    return f"internal error ({type(e).__name__}: {e}); the app is still running"
+
+
 def reported(handler):
     """A figure event's handler whose unexpected exception is logged and shown as one line. These events
     report their status on a hidden component and the app serves with Gradio's show_error off, so an
@@ -56,9 +62,7 @@ def reported(handler):
         except gr.Error:
             raise
         except Exception as e:  # a bug, not bad input: say so, log the traceback, keep serving
-            log.exception("drawing failed")
-            raise gr.Error(f"internal error ({type(e).__name__}: {e}); the app is still running",
-                           print_exception=False) from None
+            raise gr.Error(internal_error("drawing failed", e), print_exception=False) from None
     return run
 
 
@@ -125,8 +129,7 @@ class DecodeTab:
                 yield {"error": user_message(e)}
                 return
             except Exception as e:  # a bug, not bad input: say so, log the traceback, keep serving
-                log.exception("decode failed")
-                yield {"error": f"internal error ({type(e).__name__}: {e}); the app is still running"}
+                yield {"error": internal_error("decode failed", e)}
                 return
             if run.traces:
                 try:
