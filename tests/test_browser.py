@@ -146,6 +146,8 @@ def test_decode_text_is_light_a_click_selects_its_step_the_wheel_zooms_and_pause
     under it; the wheel zooms the step tree (the page does not scroll); Pause holds the step, a tick in
     flight or not; Load run gives back the prompt and tree."""
     pg = open_page(browser, app_url)
+    errors = []  # uncaught exceptions in the page (a plot purged mid-draw threw one per figure and click)
+    pg.on("pageerror", lambda e: errors.append(str(e)))
     set_number(pg, "max new tokens", 600)
     pg.get_by_role("button", name="Generate").click()
     wait_settled(pg)
@@ -187,6 +189,7 @@ def test_decode_text_is_light_a_click_selects_its_step_the_wheel_zooms_and_pause
     assert prompt.input_value() == "def read_config(path):"
     assert pg.get_by_label("tree", exact=True).first.input_value() == MODEL_TREE  # the run's tree: the model's default
     pg.screenshot(path=str(ART / "decode.png"), full_page=True)
+    assert errors == []
     pg.context.close()
 
 

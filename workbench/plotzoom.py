@@ -10,7 +10,9 @@ the page's <head>, which wraps `Plotly.react` once Gradio's lazily loaded plotly
 `window.Plotly`:
 - a leak: each old div kept its `responsive` window 'resize' listener, which held its whole SVG
   (about 1,800 DOM nodes and 300 listeners a step selected on the Decode tab, issue 31). The
-  wrapper purges the div a plot's block drew last when it draws a new one there.
+  wrapper purges the div a plot's block drew last when it draws a new one there, once that div's
+  own drawing has ended: Plotly's draw reads the div's layout as it ends, and a div purged before
+  then threw an uncaught TypeError (`_redrawFromAutoMarginCount`) per figure at every step selected.
 - the zoom reset: `layout.uirevision` keeps the user's view only when Plotly redraws the same div.
   The wrapper does the same across divs: when the old and new figure share a `uirevision`, every
   axis the user zoomed or panned (Plotly's `_preGUI` record) keeps the range it showed.
@@ -38,7 +40,7 @@ WARMUP_CSS = f"#{WARMUP_ID} {{ position: fixed !important; left: -10000px; top: 
 
 PLOT_JS = """<script>
 (() => {
-  const drawn = new WeakMap();  // a gr.Plot's block element -> the div Plotly last drew in it
+  const drawn = new WeakMap();  // a gr.Plot's block element -> {gd: the div Plotly last drew in it, done: that draw}
   function keepView(old, layout) {  // uirevision across Gradio's fresh divs: user-set axis ranges stay
     const full = old._fullLayout;
     if (!full || !old.layout || old.layout.uirevision == null || old.layout.uirevision !== layout.uirevision) return;
@@ -53,13 +55,14 @@ PLOT_JS = """<script>
     const react = Plotly.react;
     Plotly.react = function (gd, data, layout, config) {
       const block = gd instanceof Element ? gd.closest('.block') : null;
-      const old = block && drawn.get(block);
-      if (old && old !== gd) {
-        if (layout && typeof layout === 'object') keepView(old, layout);
-        Plotly.purge(old);
+      const last = block && drawn.get(block);
+      if (last && last.gd !== gd) {
+        if (layout && typeof layout === 'object') keepView(last.gd, layout);
+        // purged once its own drawing has ended: Plotly's draw reads the div's layout when it ends
+        last.done.then(() => Plotly.purge(last.gd), () => Plotly.purge(last.gd));
       }
-      if (block) drawn.set(block, gd);
-      const done = react.apply(this, arguments);
+      const done = Promise.resolve(react.apply(this, arguments));
+      if (block) drawn.set(block, {gd, done});
       if (gd instanceof Element && gd.closest('#__WARMUP_ID__'))  // warmed: its drawing is let go of
         Promise.resolve(done).then(() => { Plotly.purge(gd); gd.dataset.warmed = 'purged'; });
       return done;
