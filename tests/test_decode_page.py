@@ -161,9 +161,9 @@ def test_every_event_that_draws_a_steps_figures_waits_its_turn(wb):
     from workbench.app import build_app
     from workbench.tabs.decode import FIGURES_QUEUE
 
-    plots = {"tree-plot", "head-plot", "run-plot", "heat-plot", "calib-plot"}
+    drawn = {"tree-plot", "head-plot", "run-plot", "heat-plot", "calib-plot", "node-table"}  # a step's figures and table
     app = build_app(wb)
-    draws = [fn for fn in app.fns.values() if plots & {getattr(o, "elem_id", None) for o in fn.outputs}]
+    draws = [fn for fn in app.fns.values() if drawn & {getattr(o, "elem_id", None) for o in fn.outputs}]
     names = {fn.name for fn in draws}
     assert {"closing_tree", "closing_heads", "closing_run", "closing_saved", "redraw", "view_input", "select", "tick",
             "load_run"} <= names, names
@@ -189,9 +189,9 @@ def test_no_figure_or_table_carries_a_loading_status(wb):
     outputs, by default), a 255-node tree's were cloned over and over at a run's end (issue 31)."""
     from workbench.app import build_app
 
-    plots = {"tree-plot", "head-plot", "run-plot", "heat-plot", "calib-plot"}
+    drawn = {"tree-plot", "head-plot", "run-plot", "heat-plot", "calib-plot", "node-table"}  # a step's figures and table
     app = build_app(wb)
-    draws = [fn for fn in app.fns.values() if plots & {getattr(o, "elem_id", None) for o in fn.outputs}]
+    draws = [fn for fn in app.fns.values() if drawn & {getattr(o, "elem_id", None) for o in fn.outputs}]
     assert {"closing_tree", "closing_heads", "closing_run", "closing_saved", "select", "tick", "load_run"} <= \
         {fn.name for fn in draws}
     targets = {t for fn in draws for t in (fn.show_progress_on or fn.outputs)}

@@ -358,7 +358,7 @@ class DecodeTab:
             self.head_plot = gr.Plot(show_label=False, elem_id="head-plot")
             with gr.Column():
                 self.node_table = gr.Dataframe(headers=TABLE_HEADERS, label="this step's nodes", interactive=False,
-                                               max_height=520)
+                                               max_height=520, elem_id="node-table")
                 self.table_csv, self.table_json = page.table_downloads(self.node_table, TABLE_HEADERS, "nodes")
         with gr.Row():
             self.run_plot = gr.Plot(show_label=False, elem_id="run-plot")
