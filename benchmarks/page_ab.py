@@ -2,7 +2,7 @@
 two checkouts (e.g. `git worktree add /tmp/before HEAD~1` and `.`), opens one Chromium page on each and runs
 ROUNDS interleaved rounds per app (the order swaps every round, so both see the same load): a 1,000-token
 run from the page, then the same run through the API (`workbench.uibench.heavy_round`). TREE is a preset
-(default `mc_sim_7b_63`) or `uibench255`, uibench's 255-node tree. Prints each round and a summary as
+(default `mc_sim_7b_63`) or `saved/uibench255`, uibench's 255-node tree. Prints each round and a summary as
 JSON: the page's main-thread busy seconds, its longest task, and page vs API tokens/s."""
 
 import json
@@ -27,7 +27,7 @@ def main(before: Path, after: Path, rounds: int, tree: str = TREE) -> dict:
     for name, root in (("before", before), ("after", after)):
         lt.ROOT = root  # start_server runs ROOT/app.py, which imports its own checkout's workbench
         data = Path(tempfile.mkdtemp(prefix=f"page-ab-{name}-"))
-        if tree == uibench.BIG_TREE:
+        if tree == f"saved/{uibench.BIG_TREE}":
             uibench.save_big_tree(data)
         apps[name] = lt.start_server(data)
     out: dict = {"before": str(before), "after": str(after), "tree": tree, "loadavg_at_start": os.getloadavg(),

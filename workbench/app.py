@@ -19,7 +19,7 @@ from .api import Api
 from .core import Workbench
 from .memory import trim_heap_periodically
 from .modelbar import ModelBar
-from .page import Page
+from .page import CLONE_JS, Page
 from .plotzoom import PLOT_JS, WARMUP_CSS
 from .session import MAX_SESSIONS
 from .tabs.compare import CompareTab
@@ -147,7 +147,7 @@ def serve(wb: Workbench, host: str = "127.0.0.1", port: int | None = None, block
     store = wb.store
     _, url, _ = app.launch(server_name=host, server_port=port, share=False, show_error=False, quiet=not block,
                            allowed_paths=[str(store.trees_dir), str(store.runs_dir), str(store.downloads_dir)],
-                           max_file_size=MAX_UPLOAD, prevent_thread_lock=not block, css=TEXT_CSS + WARMUP_CSS, head=PLOT_JS,
+                           max_file_size=MAX_UPLOAD, prevent_thread_lock=not block, css=TEXT_CSS + WARMUP_CSS, head=PLOT_JS + CLONE_JS,
                            state_session_capacity=GRADIO_SESSIONS,
                            app_kwargs={"middleware": [Middleware(BodyLimit, limit=MAX_REQUEST),
                                                       Middleware(ClientWatch, on_gone=wb.sessions.close)]})
@@ -163,6 +163,7 @@ def build_app(wb: Workbench) -> gr.Blocks:
     tabs = (decode, editor, tune, compare, runs)
     with gr.Blocks(title="medusa-workbench", delete_cache=GRADIO_CACHE) as app:
         gr.Markdown("## medusa-workbench")
+        page.layout()
         bar.layout(page)
         for tab in tabs:
             with gr.Tab(tab.title):
@@ -179,5 +180,5 @@ def build_app(wb: Workbench) -> gr.Blocks:
 
         app.load(on_load, page.editor, [editor.valid_msg, editor.plot, decode.runs_pick, decode.runs_msg, tune.pool_pick,
                                         bar.model, bar.chat, bar.info, decode.mode, runs.a, runs.b, *page.tree_dropdowns],
-                 api_visibility="private")
+                 api_visibility="private", **page.quiet)
     return app

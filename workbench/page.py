@@ -23,6 +23,22 @@ STOPPED_QUEUED = "✗ stopped by user before the run started"
 BUSY = "this page already has a job queued or running: wait for it to end, or press Stop"
 # the acceptance radios list the registry (engine.accept.RULES), so a rule added there appears in every tab
 ACCEPT_CHOICES = [(rule.label, name) for name, rule in RULES.items()]  # (label shown, value sent)
+# In the page's <head>: `structuredClone` returns a primitive as it is, without the native call. At every
+# status message of any event Gradio 6.31 sets the loading status of every component that ever had one, and
+# each such update snapshots the component's props with Svelte 5's `$state.snapshot`, which sends every
+# string, number and boolean it reaches through `structuredClone` (Svelte's shared/clone.js): 250,000 calls
+# in one 1,000-token decode at 255 nodes, nearly all on primitives, for which the clone is the value itself.
+CLONE_JS = """<script>
+(() => {
+  const clone = window.structuredClone;
+  window.structuredClone = function (value, options) {
+    const t = typeof value;
+    if (value === null || t === 'string' || t === 'number' || t === 'boolean' || t === 'undefined' || t === 'bigint')
+      return value;
+    return clone.call(window, value, options);
+  };
+})();
+</script>"""
 
 
 def sid(request: gr.Request | None) -> str:
@@ -36,6 +52,20 @@ class Page:
         self.names = wb.tree_names()
         self.editor: gr.Code | None = None  # the Tree editor tab's JSON, read by every tab
         self._dropdowns: list[tuple[gr.Dropdown, Callable[[list[str]], list[str]]]] = []
+        self.status_sink: gr.Markdown | None = None  # see `quiet`
+
+    def layout(self) -> None:
+        """What the page holds for every tab: the hidden component that quiet events report to."""
+        self.status_sink = gr.Markdown(visible=False, elem_id="status-sink")
+
+    @property
+    def quiet(self) -> dict:
+        """An event's settings for showing no progress and reporting its loading status on one hidden
+        component, not on its outputs. Gradio 6.31's page keeps a loading status for every component that
+        was ever an event's progress target (its outputs, by default) and sets every one of them again at
+        every status message of any event, cloning each one's whole value: each message of a decode's
+        stream cloned the tree dropdowns' choices, the figures and the node table (issue 31)."""
+        return dict(show_progress="hidden", show_progress_on=self.status_sink)
 
     def session(self, request: gr.Request | None):
         return self.wb.sessions.get(sid(request))
@@ -68,7 +98,7 @@ class Page:
         def end(request: gr.Request) -> None:
             self.wb.sessions.end(sid(request))
 
-        first = button.click(begin, None, outputs[0] if begun else None, trigger_mode="multiple", **PRIVATE)
+        first = button.click(begin, None, outputs[0] if begun else None, trigger_mode="multiple", **PRIVATE, **self.quiet)
         job = first.success(fn, inputs, outputs, concurrency_limit=1, concurrency_id=ENGINE_QUEUE, **PRIVATE, **kw)
         job.then(end, None, None, queue=False, **PRIVATE)
         return job

@@ -344,7 +344,6 @@ class DecodeTab:
             self.step = gr.Slider(0, 1, value=0, step=1, label="step", scale=5, elem_id="step-slider")
             self.play_btn = gr.Button("▶ play", scale=1)
         self.timer = gr.Timer(0.6, active=False)
-        self.draw_status = gr.Markdown(visible=False)  # the figures' events report their status here (`wire`)
         with gr.Row():
             self.prune = gr.Slider(0, 0.5, value=0.02, step=0.005, label="prune: hide nodes whose path probability is below",
                                    info="the accepted path and its siblings always stay", scale=3, elem_id="prune")
@@ -376,11 +375,9 @@ class DecodeTab:
 
     def wire(self, page: Page) -> None:
         skip = gr.update()
-        # The figures' events report their status on a hidden component of their own, not on their outputs. At
-        # every status change of any event Gradio's page sets the loading status again on every component that
-        # ever had one, cloning each one's whole value to do so: a 255-node tree's figure and node table were
-        # cloned over and over at a run's end, in the page's longest tasks.
-        draws = dict(DRAWS, show_progress="hidden", show_progress_on=self.draw_status)
+        # Every event of a decode is quiet (`Page.quiet`): a 255-node tree's figure and node table, as progress
+        # targets, were cloned over and over at a run's end, in the page's longest tasks.
+        draws = dict(DRAWS, **page.quiet)
         view_in = [self.prune, self.show_all, self.collapse]
         # a run's end and a loaded run empty the collapse list (the new tree has its own nodes) and draw their
         # figures with nothing collapsed: they read the other view controls only
@@ -442,7 +439,7 @@ class DecodeTab:
 
         job = page.job(self.run_btn, decode_stream, [self.prompt, self.tree, page.editor, self.mode, self.accept,
                                                      self.temperature, self.top_p, self.seed, self.max_new],
-                       [self.stats, self.out_html, self.step], begun=WAITING, show_progress="hidden")
+                       [self.stats, self.out_html, self.step], begun=WAITING, **page.quiet)
         (job.then(reported(closing_tree), [self.stats] + fresh_view_in, [self.tree_plot, self.node_table, self.collapse], **draws)
             .then(reported(closing_heads), self.stats, self.head_plot, **draws)
             .then(reported(closing_run), self.stats, [self.run_plot, self.heat_plot], **draws)
