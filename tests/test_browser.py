@@ -94,6 +94,24 @@ def test_loads_without_console_errors(browser, app_url):
     pg.context.close()
 
 
+def test_structured_clone_returns_primitives_as_they_are_and_still_clones_the_rest(browser, app_url):
+    """The page's `structuredClone` skips the native call for primitives (workbench/page.py CLONE_JS: Gradio's
+    loading-status updates sent 250,000 of them a long run through it) and keeps its meaning for the rest."""
+    pg = open_page(browser, app_url)
+    got = pg.evaluate("""() => {
+      const o = {a: [1, {b: 'x'}], d: new Date(0)}, c = structuredClone(o);
+      let threw = null;
+      try { structuredClone(() => 1); } catch (e) { threw = e.name; }
+      return {ours: !String(structuredClone).includes('[native code]'),
+              primitives: [structuredClone('s'), structuredClone(3.5), structuredClone(null), structuredClone(true)],
+              copied: c !== o && c.a !== o.a && c.a[1] !== o.a[1] && JSON.stringify(c.a) === JSON.stringify(o.a),
+              date: c.d instanceof Date && c.d !== o.d && c.d.getTime() === 0, threw};
+    }""")
+    assert got == {"ours": True, "primitives": ["s", 3.5, None, True], "copied": True, "date": True,
+                   "threw": "DataCloneError"}
+    pg.context.close()
+
+
 def wait_settled(pg) -> None:
     """The run has ended and its closing messages (which repeat the final text and draw the last
     step's figures) have landed, so a click now is not overwritten by them."""

@@ -182,11 +182,12 @@ def test_every_event_that_draws_a_steps_figures_waits_its_turn(wb):
     assert all(fn.trigger_mode == "always_last" for fn in redraws)
 
 
-def test_no_figure_or_table_carries_a_loading_status(wb):
-    """The events that draw a step's figures report their status on one hidden component. At every status
-    change of any event, Gradio's page sets the loading status again on every component that ever had one,
-    cloning each one's whole value: with the figures and the node table as progress targets (an event's
-    outputs, by default), a 255-node tree's were cloned over and over at a run's end (issue 31)."""
+def test_no_event_of_a_decode_makes_its_outputs_carry_a_loading_status(wb):
+    """The page's load, the Generate click, the decode stream and the events that draw a step's figures all
+    report their status on one hidden component. At every status message of any event, Gradio's page sets
+    the loading status again on every component that ever had one, cloning each one's whole value: with
+    the figures and the node table as progress targets (an event's outputs, by default), a 255-node tree's
+    were cloned over and over at a run's end, and the page load's tree dropdowns at every message (issue 31)."""
     from workbench.app import build_app
 
     drawn = {"tree-plot", "head-plot", "run-plot", "heat-plot", "calib-plot", "node-table"}  # a step's figures and table
@@ -194,9 +195,13 @@ def test_no_figure_or_table_carries_a_loading_status(wb):
     draws = [fn for fn in app.fns.values() if drawn & {getattr(o, "elem_id", None) for o in fn.outputs}]
     assert {"closing_tree", "closing_heads", "closing_run", "closing_saved", "select", "tick", "load_run"} <= \
         {fn.name for fn in draws}
-    targets = {t for fn in draws for t in (fn.show_progress_on or fn.outputs)}
+    (stream,) = [fn for fn in app.fns.values() if fn.name == "decode_stream"]
+    (click,) = [fn for fn in app.fns.values() if fn.name == "begin" and stream.trigger_after == fn._id]
+    (opened,) = [fn for fn in app.fns.values() if fn.name == "on_load"]
+    events = [*draws, stream, click, opened]
+    targets = {t for fn in events for t in (fn.show_progress_on or fn.outputs)}
     assert len(targets) == 1 and not targets.pop().visible
-    assert {fn.show_progress for fn in draws} == {"hidden"}
+    assert {fn.show_progress for fn in events} == {"hidden"}
 
 
 def test_a_draw_uses_the_view_the_user_set_last_not_the_one_it_was_sent_with():
