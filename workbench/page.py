@@ -31,11 +31,12 @@ ACCEPT_CHOICES = [(rule.label, name) for name, rule in RULES.items()]  # (label 
 CLONE_JS = """<script>
 (() => {
   const clone = window.structuredClone;
-  window.structuredClone = function (value, options) {
+  window.structuredClone = function (value) {
     const t = typeof value;
-    if (value === null || t === 'string' || t === 'number' || t === 'boolean' || t === 'undefined' || t === 'bigint')
-      return value;
-    return clone.call(window, value, options);
+    if (arguments.length && (value === null || t === 'string' || t === 'number' || t === 'boolean' ||
+                             t === 'undefined' || t === 'bigint'))
+      return value;  // (called with no argument, the native function's TypeError stays)
+    return clone.apply(window, arguments);
   };
 })();
 </script>"""

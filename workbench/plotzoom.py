@@ -64,7 +64,7 @@ PLOT_JS = """<script>
       const done = Promise.resolve(react.apply(this, arguments));
       if (block) drawn.set(block, {gd, done});
       if (gd instanceof Element && gd.closest('#__WARMUP_ID__'))  // warmed: its drawing is let go of
-        Promise.resolve(done).then(() => { Plotly.purge(gd); gd.dataset.warmed = 'purged'; });
+        done.then(() => { Plotly.purge(gd); gd.dataset.warmed = 'purged'; });
       return done;
     };
     Plotly.__workbench = true;
