@@ -3,6 +3,7 @@ the head panel at a selected step, the node table's space marker, playback that 
 that loads back with its controls, and a second job click that is refused aloud."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -202,6 +203,12 @@ def test_no_event_of_a_decode_makes_its_outputs_carry_a_loading_status(wb):
     targets = {t for fn in events for t in (fn.show_progress_on or fn.outputs)}
     assert len(targets) == 1 and not targets.pop().visible
     assert {fn.show_progress for fn in events} == {"hidden"}
+    # a completed event's inputs join the page's loading statuses too: no event reads the node table (a change
+    # event writing its download files did, and the 255-row table was snapshotted at every message). The figure
+    # export still reads the figures it writes, so after an export they are snapshotted (not changed yet).
+    readers = {fn.name for fn in app.fns.values() if drawn & {getattr(i, "elem_id", None) for i in fn.inputs}}
+    assert readers <= {"export"}
+    assert [fn.name for fn in app.fns.values() if "node-table" in {getattr(i, "elem_id", None) for i in fn.inputs}] == []
 
 
 def test_a_draw_uses_the_view_the_user_set_last_not_the_one_it_was_sent_with():
@@ -267,10 +274,13 @@ def test_a_runs_end_draws_every_figure_of_its_last_step(wb, session):
     page = SimpleNamespace(session_hash=session.id)
     values = [*fns["closing_tree"]("done", 0.02, False, page), fns["closing_heads"]("done", page),
               *fns["closing_run"]("done", page), *fns["closing_saved"]("done", page)]
-    plots, table = [values[0], *values[3:7]], values[1]
-    assert all(p is not None and not isinstance(p, dict) for p in plots), plots
+    tree, table, csv_file, json_file, _, heads, run_chart, heat, calib, runs_pick = values[:10]
+    assert all(p is not None and not isinstance(p, dict) for p in (tree, heads, run_chart, heat, calib))
     assert len(table) == len(session.run.traces[-1]["tree"]) + 1
-    assert session.run.run_id in json.dumps(values[7].get("choices"))
+    # the table's download files are the table shown (written by the event that draws it)
+    assert len(json.loads(Path(json_file).read_text())) == len(table)
+    assert Path(csv_file).read_text().count("\n") == len(table) + 1
+    assert session.run.run_id in json.dumps(runs_pick.get("choices"))
     assert fns["closing_heads"]("✗ failed", page) == gr.update()  # a failed run draws nothing
 
 

@@ -117,22 +117,32 @@ class Page:
     def download(self, name: str, text: str) -> str:
         return str(self.wb.store.write_download(name, text))
 
-    def table_downloads(self, table: gr.Dataframe, headers: list[str], stem: str) -> tuple[gr.DownloadButton, ...]:
-        """CSV and JSON buttons for a table. The files are written whenever the table changes, so the
-        first click downloads the table shown now (a click handler would run after the browser took
-        the button's old file)."""
+    @staticmethod
+    def download_buttons(stem: str) -> tuple[gr.DownloadButton, gr.DownloadButton]:
+        """A table's CSV and JSON buttons (their files come from `table_files`)."""
         with gr.Row():
-            csv_btn = gr.DownloadButton(f"{stem} CSV", size="sm", elem_id=f"{stem}-csv")
-            json_btn = gr.DownloadButton(f"{stem} JSON", size="sm", elem_id=f"{stem}-json")
+            return (gr.DownloadButton(f"{stem} CSV", size="sm", elem_id=f"{stem}-csv"),
+                    gr.DownloadButton(f"{stem} JSON", size="sm", elem_id=f"{stem}-json"))
+
+    def table_files(self, stem: str, headers: list[str], rows: list[list]) -> tuple:
+        """The download buttons' values for a table's rows: its CSV and JSON files, written now (a click
+        handler would run after the browser took the button's old file), or none for no rows."""
+        if not rows:
+            return gr.update(value=None), gr.update(value=None)
+        a, b = self.wb.store.write_downloads({f"{stem}.csv": exports.table_csv(headers, rows),
+                                              f"{stem}.json": exports.table_json(headers, rows)})
+        return str(a), str(b)
+
+    def table_downloads(self, table: gr.Dataframe, headers: list[str], stem: str) -> tuple[gr.DownloadButton, ...]:
+        """CSV and JSON buttons for a table that a job sets once, written whenever the table changes. The
+        change event makes the table one of the page's loading statuses from then on (an event's inputs
+        join them), snapshotted at every status message: a table redrawn at every step (Decode's node
+        table) writes its files in the events that draw it instead."""
+        csv_btn, json_btn = self.download_buttons(stem)
 
         def files(value):
-            rows = exports.table_rows(value)
             cols = [str(c) for c in getattr(value, "columns", [])] or headers
-            if not rows:
-                return gr.update(value=None), gr.update(value=None)
-            a, b = self.wb.store.write_downloads({f"{stem}.csv": exports.table_csv(cols, rows),
-                                                  f"{stem}.json": exports.table_json(cols, rows)})
-            return str(a), str(b)
+            return self.table_files(stem, cols, exports.table_rows(value))
 
         table.change(files, table, [csv_btn, json_btn], queue=False, **PRIVATE)
         return csv_btn, json_btn

@@ -358,7 +358,7 @@ class DecodeTab:
             with gr.Column():
                 self.node_table = gr.Dataframe(headers=TABLE_HEADERS, label="this step's nodes", interactive=False,
                                                max_height=520, elem_id="node-table")
-                self.table_csv, self.table_json = page.table_downloads(self.node_table, TABLE_HEADERS, "nodes")
+                self.table_csv, self.table_json = page.download_buttons("nodes")  # files: `table_out` in wire
         with gr.Row():
             self.run_plot = gr.Plot(show_label=False, elem_id="run-plot")
             self.heat_plot = gr.Plot(show_label=False, elem_id="heat-plot")
@@ -382,6 +382,11 @@ class DecodeTab:
         # a run's end and a loaded run empty the collapse list (the new tree has its own nodes) and draw their
         # figures with nothing collapsed: they read the other view controls only
         fresh_view_in = [self.prune, self.show_all]
+
+        def table_out(rows: list[list]) -> tuple:
+            """The node table's rows and its download files, written by the event that draws the table (a
+            change event would make the 255-row table one of the page's loading statuses, `Page.table_downloads`)."""
+            return (rows, *page.table_files("nodes", TABLE_HEADERS, rows))
 
         def decode_stream(prompt, tree_choice, editor_text, mode, accept, temperature, top_p, seed, max_new,
                           request: gr.Request):
@@ -409,11 +414,11 @@ class DecodeTab:
             """The last step's tree and node table, and the new tree's nodes in the collapse list."""
             got = ended(stats, request)
             if got is None:
-                return skip, skip, skip
+                return (skip,) * 5
             session, run = got
             last = len(run.traces) - 1
             tree_fig = self.tree_drawing(session, last, tree_view(session, prune_v, show, None))
-            return (skip if tree_fig is None else tree_fig, self.table_rows(run.traces[last]),
+            return (skip if tree_fig is None else tree_fig, *table_out(self.table_rows(run.traces[last])),
                     gr.update(choices=self.collapse_choices(session), value=[]))
 
         def closing_heads(stats, request: gr.Request):
@@ -440,20 +445,23 @@ class DecodeTab:
         job = page.job(self.run_btn, decode_stream, [self.prompt, self.tree, page.editor, self.mode, self.accept,
                                                      self.temperature, self.top_p, self.seed, self.max_new],
                        [self.stats, self.out_html, self.step], begun=WAITING, **page.quiet)
-        (job.then(reported(closing_tree), [self.stats] + fresh_view_in, [self.tree_plot, self.node_table, self.collapse], **draws)
+        (job.then(reported(closing_tree), [self.stats] + fresh_view_in,
+                  [self.tree_plot, self.node_table, self.table_csv, self.table_json, self.collapse], **draws)
             .then(reported(closing_heads), self.stats, self.head_plot, **draws)
             .then(reported(closing_run), self.stats, [self.run_plot, self.heat_plot], **draws)
             .then(reported(closing_saved), self.stats, [self.calib_plot, self.runs_pick, self.runs_msg], **draws))
         page.stop_button(self.stop_btn, self.stats)
 
-        select_out = [self.tree_plot, self.head_plot, self.node_table, self.run_plot, self.out_html, self.step]
+        select_out = [self.tree_plot, self.head_plot, self.node_table, self.table_csv, self.table_json, self.run_plot,
+                      self.out_html, self.step]
 
         def select(s, prune_v, show, collapsed, request: gr.Request):
             session = page.session(request)
             shown = self.select(session, s, tree_view(session, prune_v, show, collapsed))
             if shown is None:
-                return (skip,) * 6
-            return tuple(skip if v is None else v for v in shown[:5]) + (gr.update(value=shown[5]),)
+                return (skip,) * len(select_out)
+            tree_fig, head_fig, rows, run_fig, html, i = (skip if v is None else v for v in shown)
+            return tree_fig, head_fig, *table_out(rows), run_fig, html, gr.update(value=i)
 
         self.step.release(reported(select), [self.step] + view_in, select_out, **draws)
 
@@ -492,7 +500,7 @@ class DecodeTab:
         def tick(s, prune_v, show, collapsed, request: gr.Request):
             nxt = self.tick_step(page.session(request), s)
             if nxt is None:  # paused (a tick that was in flight) or nothing to play: stop, never re-arm
-                return (skip,) * 6 + (gr.update(value="▶ play"), gr.Timer(active=False))
+                return (skip,) * len(select_out) + (gr.update(value="▶ play"), gr.Timer(active=False))
             return select(nxt, prune_v, show, collapsed, request) + (skip, skip)
 
         self.timer.tick(reported(tick), [self.step] + view_in, select_out + [self.play_btn, self.timer], **draws)
@@ -505,7 +513,7 @@ class DecodeTab:
             msg = self.load_run(session, run_id)
             run = session.run
             if msg.startswith("✗") or run is None:
-                return (msg,) + (skip,) * (11 + len(restore_out))
+                return (msg,) + (skip,) * (13 + len(restore_out))
             last = len(run.traces) - 1
             tree_fig = self.tree_drawing(session, last, tree_view(session, prune_v, show, None))
             head_fig, table = self.head_figure(run, last), self.table_rows(run.traces[last])
@@ -515,13 +523,13 @@ class DecodeTab:
             controls = (c["prompt"], c["tree"], skip if c["editor"] is None else c["editor"], c["mode"], c["accept"],
                         c["temperature"], c["top_p"], c["seed"], c["max_new_tokens"])
             return (msg, text_html(run.text, run.ends, last), gr.update(maximum=max(1, last), value=last), tree_fig,
-                    head_fig, table, run_fig, heat_fig, calib_fig, [str(d / "trace.jsonl"), str(d / "settings.json")],
+                    head_fig, *table_out(table), run_fig, heat_fig, calib_fig, [str(d / "trace.jsonl"), str(d / "settings.json")],
                     run.stats(), gr.update(choices=self.collapse_choices(session), value=[])) + controls
 
         self.load_run_btn.click(reported(load_run), [self.runs_pick] + fresh_view_in,
                                 [self.runs_msg, self.out_html, self.step, self.tree_plot, self.head_plot, self.node_table,
-                                 self.run_plot, self.heat_plot, self.calib_plot, self.run_files, self.stats,
-                                 self.collapse] + restore_out, **draws)
+                                 self.table_csv, self.table_json, self.run_plot, self.heat_plot, self.calib_plot,
+                                 self.run_files, self.stats, self.collapse] + restore_out, **draws)
 
     def on_load(self) -> tuple:
         """(runs dropdown update, runs note) when a page opens."""
