@@ -61,8 +61,9 @@ PLOT_JS = """<script>
         // purged once its own drawing has ended: Plotly's draw reads the div's layout when it ends
         last.done.then(() => Plotly.purge(last.gd), () => Plotly.purge(last.gd));
       }
-      const done = Promise.resolve(react.apply(this, arguments));
-      if (block) drawn.set(block, {gd, done});
+      const entry = {gd, done: Promise.resolve()};  // recorded first: a draw that throws is still purged later
+      if (block) drawn.set(block, entry);
+      const done = entry.done = Promise.resolve(react.apply(this, arguments));
       if (gd instanceof Element && gd.closest('#__WARMUP_ID__'))  // warmed: its drawing is let go of
         done.then(() => { Plotly.purge(gd); gd.dataset.warmed = 'purged'; });
       return done;
