@@ -103,14 +103,16 @@ def test_structured_clone_returns_primitives_as_they_are_and_still_clones_the_re
       let threw = null, none = null;
       try { structuredClone(() => 1); } catch (e) { threw = e.name; }
       try { structuredClone(); } catch (e) { none = e.name; }
+      const buffer = new ArrayBuffer(8);
+      structuredClone(1, {transfer: [buffer]});  // the native function still detaches what it is told to transfer
       return {ours: !String(structuredClone).includes('[native code]'),
               primitives: [structuredClone('s'), structuredClone(3.5), structuredClone(null), structuredClone(true)],
               copied: c !== o && c.a !== o.a && c.a[1] !== o.a[1] && JSON.stringify(c.a) === JSON.stringify(o.a),
               date: c.d instanceof Date && c.d !== o.d && c.d.getTime() === 0, threw, none,
-              negativeZero: Object.is(structuredClone(-0), -0)};
+              negativeZero: Object.is(structuredClone(-0), -0), transferred: buffer.byteLength === 0};
     }""")
     assert got == {"ours": True, "primitives": ["s", 3.5, None, True], "copied": True, "date": True,
-                   "threw": "DataCloneError", "none": "TypeError", "negativeZero": True}
+                   "threw": "DataCloneError", "none": "TypeError", "negativeZero": True, "transferred": True}
     pg.context.close()
 
 

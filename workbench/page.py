@@ -33,9 +33,9 @@ CLONE_JS = """<script>
   const clone = window.structuredClone;
   window.structuredClone = function (value) {
     const t = typeof value;
-    if (arguments.length && (value === null || t === 'string' || t === 'number' || t === 'boolean' ||
-                             t === 'undefined' || t === 'bigint'))
-      return value;  // (called with no argument, the native function's TypeError stays)
+    if (arguments.length === 1 && (value === null || t === 'string' || t === 'number' || t === 'boolean' ||
+                                   t === 'undefined' || t === 'bigint'))
+      return value;  // no argument, or options (a transfer list), go to the native function as they are
     return clone.apply(window, arguments);
   };
 })();
