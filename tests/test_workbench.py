@@ -297,7 +297,13 @@ def test_handler_errors_are_messages(tabs, wb):
     text, msg = tabs.editor.edit_tree("[[0]]", "add child", "[0]", 1)
     assert json.loads(text) == [[0], [0, 1]] and "added" in msg
     assert tabs.editor.edit_tree("[[0]]", "delete subtree", "[0]", 0)[1].startswith("✗ that would leave an empty tree")
-    assert tabs.editor.export_tree("[[0], [0, 0]]", "vllm") == "[(0,), (0, 0)]"
+    assert tabs.editor.export_tree("[[0], [0, 0]]", "vllm") == ("[(0,), (0, 0)]", "")
+    # a tree the target will not keep as it is exports, with the target's limits named beside the text
+    text, warn = tabs.editor.export_tree("[[0], [2]]", "trtllm")
+    assert text == trees.to_trtllm([[0], [2]]) and warn.startswith("⚠ depth-1 ranks [0, 2] are not 0..1")
+    text, warn = tabs.editor.export_tree("[[0], [1]]", "vllm")
+    assert text == "[(0,), (1,)]" and "drafts each head's top-1" in warn
+    assert tabs.editor.export_tree("[[0], [2]]", "json") == ("[[0], [2]]", "")
     assert "added 1" in tabs.editor.diff_trees("chain_1", "chain_2", "")
     # counts are never truncated: 2.5 prompts, 12.5 nodes or rank 1.5 is an error, not 2, 12 or 1
     with pytest.raises(UserError, match="number of prompts must be a whole number"):

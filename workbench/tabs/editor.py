@@ -94,14 +94,18 @@ class EditorTab:
             return f"✗ could not save: {getattr(e, 'strerror', None) or e}", None
         return f"✓ saved as saved/{clean}", str(path)
 
-    def export_tree(self, text: object, fmt: str) -> str:
+    def export_tree(self, text: object, fmt: str) -> tuple[str, str]:
+        """(the export text, what of the tree the target's engine will not keep): the warnings go beside
+        the text, not into it, so the text stays what the target parses (`trees.export_warnings`)."""
         try:
             choices = self.wb.parse_tree_text(text)
         except UserError as e:
-            return f"✗ {e}"
+            return f"✗ {e}", ""
         if fmt not in ("trtllm", "vllm", "json"):
-            return f"✗ unknown export format {fmt!r}"
-        return {"trtllm": trees.to_trtllm, "vllm": trees.to_vllm, "json": json.dumps}[fmt](choices)
+            return f"✗ unknown export format {fmt!r}", ""
+        out = {"trtllm": trees.to_trtllm, "vllm": trees.to_vllm, "json": json.dumps}[fmt](choices)
+        warnings = trees.export_warnings(choices, fmt) if fmt != "json" else []
+        return out, "\n\n".join(f"⚠ {w}" for w in warnings)
 
     def diff_trees(self, a: object, b: object, editor_text: object, session: Session | None = None) -> str:
         try:
@@ -153,6 +157,7 @@ class EditorTab:
                     self.export_fmt = gr.Radio(["trtllm", "vllm", "json"], value="vllm", label="export for")
                     self.export_btn = gr.Button("Export")
                 self.export_out = gr.Textbox(label="export", lines=2)
+                self.export_warn = gr.Markdown()
                 with gr.Row():
                     self.diff_a = page.tree_dropdown("diff: from", "mc_sim_7b_63")
                     self.diff_b = page.tree_dropdown("to", EDITOR)
@@ -189,7 +194,8 @@ class EditorTab:
 
         self.save_btn.click(save, [self.save_name, self.editor, self.overwrite],
                             [self.save_msg, self.download] + page.tree_dropdowns, **PRIVATE)
-        self.export_btn.click(self.export_tree, [self.editor, self.export_fmt], self.export_out, **PRIVATE)
+        self.export_btn.click(self.export_tree, [self.editor, self.export_fmt], [self.export_out, self.export_warn],
+                              **PRIVATE)
 
         def diff(a, b, t, request: gr.Request):
             return self.diff_trees(a, b, t, page.session(request))
