@@ -1,8 +1,12 @@
-"""The bounded step-time measurement's allocation (workbench/measure.py); no timing is asserted."""
+"""The bounded step-time measurement (workbench/measure.py): its allocation, and its budget kept on a
+simulated clock; no timing is asserted."""
 
 import math
+import time
 
+from engine.prompts import Prompt
 from workbench.measure import Report, interval, next_size, relative_width
+from workbench.session import Session
 
 
 def test_every_size_gets_two_runs_first_fewest_first():
@@ -39,3 +43,46 @@ def test_interval_and_report():
     assert set(r.curve()) == {0, 8} and r.curve()[8]["ci95"] is None
     text = r.confidence()
     assert "one run" in text and "not measured: 16" in text and "load average 1.0 → 2.0" in text
+
+
+def test_a_deadline_ends_a_run_after_the_step_that_passes_it(wb):
+    s = wb.sessions.get("deadline")
+    cfg = wb.config("medusa", "mc_sim_7b_63", "greedy", 0.0, 1.0, None, 40, trace=False, session=s)
+    whole = wb.generate(s, "def main():\n", cfg)
+    assert not whole.cut and whole.new_tokens == 40
+    cut = wb.generate(s, "def main():\n", cfg, deadline=time.monotonic())
+    assert cut.cut and cut.steps == 1 and cut.token_ids == whole.token_ids[: cut.new_tokens]
+
+
+def test_step_times_keep_to_their_budget_whatever_a_run_would_take(tabs, wb, monkeypatch):
+    """A simulated clock that moves 50 ms at every decoding step (a job checks its Stop once a step):
+    warm-up and timed runs share the budget's deadline, so the job ends within a step of it although
+    the next run would take longer, and the run cut at the deadline is said and not counted."""
+    now = [0.0]
+    check_stop = Session.check_stop
+
+    def step_and_check(session):
+        now[0] += 0.05
+        check_stop(session)
+
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(Session, "check_stop", step_and_check)
+    prompts = [Prompt(t, [t], i) for i, t in enumerate(["import os\n", "def main():\n"])]
+    msg, rows = tabs.tune.measure_latency(wb.sessions.get("budget"), "4,16", prompts, 40, budget_s=5)
+    assert now[0] <= 5.05 + 1e-9 and "1 run cut at the budget, not counted" in msg, (now[0], msg)
+    assert [r[0] for r in rows] == ["AR", 4, 16]
+
+
+def test_a_budget_too_small_for_one_run_says_so(tabs, wb, monkeypatch):
+    now = [0.0]
+    check_stop = Session.check_stop
+
+    def step_and_check(session):
+        now[0] += 3.0
+        check_stop(session)
+
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(Session, "check_stop", step_and_check)
+    msg, rows = tabs.tune.measure_latency(wb.sessions.get("tiny"), "4", [Prompt("x = 1\n", ["x = 1\n"], 0)], 50,
+                                          budget_s=5)
+    assert msg.startswith("✗ the time budget of 5 s ran out before any size was timed") and rows == [], msg

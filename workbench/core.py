@@ -50,6 +50,7 @@ class Decoded:
     steps: int
     wall_s: float
     traces: list[dict] = field(default_factory=list)
+    cut: bool = False  # ended at the caller's deadline, before the run's own end
 
     @property
     def new_tokens(self) -> int:
@@ -224,10 +225,13 @@ class Workbench:
         return found[:n]
 
     # -- decoding in jobs --------------------------------------------------------------------------
-    def generate(self, session: Session, prompt: str, cfg: GenerationConfig) -> Decoded:
+    def generate(self, session: Session, prompt: str, cfg: GenerationConfig, deadline: float | None = None) -> Decoded:
         """One prompt decoded for a job of `session`, its Stop checked between steps (raises Stopped).
-        A prompt the engine refuses (too long for the context, ...) is a UserError naming it."""
+        A prompt the engine refuses (too long for the context, ...) is a UserError naming it. With a
+        deadline (time.monotonic()), the run ends after the first step that finishes past it (`cut`),
+        so a budgeted job overruns by one step, not by a whole run."""
         t0 = time.perf_counter()
+        cut = False
         try:
             events = self.engine_of(session).stream(prompt, config=cfg)
         except GenerationError as e:
@@ -240,9 +244,12 @@ class Workbench:
                 if ev.trace is not None:
                     traces.append(ev.trace)
                 session.check_stop()
+                if deadline is not None and not ev.done and time.monotonic() > deadline:
+                    cut = True
+                    break
         finally:
             events.close()
-        return Decoded(tokens, steps, time.perf_counter() - t0, traces)
+        return Decoded(tokens, steps, time.perf_counter() - t0, traces, cut)
 
 
 def each_prompt(session: Session, prompts: list[Prompt], progress=None) -> Iterator[Prompt]:

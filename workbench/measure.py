@@ -5,7 +5,10 @@ measurement is bounded by wall time instead: each size is timed twice first (an 
 samples), then each further run goes to the size whose 95 % interval is widest relative to its mean,
 where one more sample narrows the curve most. Runs of a size use the prompts in the same order, so
 the sizes stay comparable. The result says how sure it is (the widest interval left) and what load
-it ran under (os.getloadavg), since a loaded machine makes every step slower and noisier.
+it ran under (os.getloadavg), since a loaded machine makes every step slower and noisier. The
+budget is a deadline shared by the trees' search, the warm-up and the timed runs; a run that reaches
+it ends after its step (`Workbench.generate`'s deadline) and is not counted, since its prefill would
+weigh on fewer steps than the other samples'.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 
 MIN_RUNS = 2
 Z95 = 1.96
+SEARCH_SHARE = 0.2  # of the budget, at most, for finding the trees to time (2 s a size at most)
 
 
 def interval(samples: Sequence[float]) -> tuple[float, float | None]:
@@ -62,6 +66,7 @@ class Report:
     load_before: float | None
     load_after: float | None
     stopped: bool = False
+    cut: int = 0  # runs ended at the budget's deadline, not counted
 
     def curve(self) -> dict[int, dict]:
         """{size: {"step_ms", "ci95", "runs"}} of the sizes with at least one sample (trees.latency_points' shape)."""
@@ -91,6 +96,8 @@ class Report:
             f"load average {self.load_before:.1f} → {self.load_after:.1f} on {cpus} cores")
         runs = sum(len(s) for s in self.samples.values())
         end = "stopped by user" if self.stopped else f"budget {self.budget_s:.0f} s"
+        if self.cut:
+            end += f"; {self.cut} run cut at the budget, not counted"
         return f"confidence: {sure} · {runs} runs in {self.spent_s:.0f} s ({end}) · {load}"
 
 

@@ -97,21 +97,27 @@ class TuneTab:
         if not heads:
             ns = []  # a model without heads has only its AR step to time
         samples: dict[int, list[float]] = {}
-        t0, load_before, stopped = time.monotonic(), measure.load_average(), False
+        t0, load_before, stopped, cut = time.monotonic(), measure.load_average(), False, 0
+        deadline = t0 + budget  # everything below shares it: tree searches, warm-up and timed runs
         with self.wb.job(session):
             try:
                 configs = {0: cfg}
+                search_s = min(2.0, measure.SEARCH_SHARE * budget / max(len(ns), 1))
                 for n in ns:
                     session.check_stop()
-                    tree = trees.best_tree(session.pool, n, max_depth=heads, time_limit=2.0) if session.pool \
+                    tree = trees.best_tree(session.pool, n, max_depth=heads, time_limit=search_s) if session.pool \
                         else trees.chain(min(n, heads))
                     configs[n] = cfg.replace(mode="medusa", tree=tree)
                 for c in configs.values():  # warm-up
-                    self.wb.generate(session, prompts[0].text, c.replace(max_new_tokens=min(8, c.max_new_tokens)))
+                    self.wb.generate(session, prompts[0].text, c.replace(max_new_tokens=min(8, c.max_new_tokens)),
+                                     deadline)
                 samples = {n: [] for n in configs}
-                while time.monotonic() - t0 < budget:
+                while time.monotonic() < deadline:
                     n = measure.next_size(samples)
-                    r = self.wb.generate(session, prompts[len(samples[n]) % len(prompts)].text, configs[n])
+                    r = self.wb.generate(session, prompts[len(samples[n]) % len(prompts)].text, configs[n], deadline)
+                    if r.cut:  # a run cut short weighs its prefill over fewer steps: not a comparable sample
+                        cut += 1
+                        break
                     samples[n].append(1000 * r.wall_s / max(r.steps, 1))
                     if progress is not None:
                         progress(min(1.0, (time.monotonic() - t0) / budget), desc=f"timing {n or 'AR'}")
@@ -119,10 +125,14 @@ class TuneTab:
                 stopped = True
             except UserError as e:
                 return f"✗ {e}", []
-        report = measure.Report(samples, time.monotonic() - t0, budget, load_before, measure.load_average(), stopped)
+        report = measure.Report(samples, time.monotonic() - t0, budget, load_before, measure.load_average(), stopped,
+                                cut)
         curve = report.curve()
         if not curve:
-            return "✗ stopped by user before any size was timed", []
+            if stopped:
+                return "✗ stopped by user before any size was timed", []
+            return (f"✗ the time budget of {budget:g} s ran out before any size was timed (one run takes longer): "
+                    "give more time or fewer new tokens", [])
         session.latency = curve
         session.latency_source = f"measured here, {len(prompts)} prompts"
         steps = ", ".join(f"{n or 'AR'}: {v['step_ms']:.2f}" for n, v in curve.items())
