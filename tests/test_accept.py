@@ -23,7 +23,8 @@ def test_greedy_picks_longest_correct_path():
 
 
 def transcribe_typical(probs_parent, token, eps, delta):
-    h = -sum(p * math.log(p) for p in probs_parent if p > 0)
+    """Medusa's rule as its reference code writes it: the entropy takes log(p + 1e-5)."""
+    h = -sum(p * math.log(p + 1e-5) for p in probs_parent)
     return probs_parent[token] > min(eps, delta * math.exp(-h))
 
 

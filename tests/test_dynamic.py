@@ -204,3 +204,19 @@ def test_engine_headers_pair_two_trees_runs_of_the_same_prompts(demo_engine, tmp
     assert len(pa) == 2
     by_prompt_b = {prompt_hash(ids[1 - r.request]): (r.n_tokens, r.n_steps) for r in runs_b}
     assert pb == [by_prompt_b[prompt_hash(i)] for i in ids]
+
+
+def test_collect_traces_appends_only_when_asked_and_then_keeps_the_first_collection(tmp_path, capsys):
+    from engine.cli import main as engine_main
+
+    out = tmp_path / "traces.jsonl"
+    common = ["collect-traces", "--out", str(out), "--device", "cpu", "--max-new-tokens", "6", "--prompts", "1"]
+    assert engine_main(common) == 0
+    first = out.read_text()
+    assert engine_main(common) == 2 and "pass --append" in capsys.readouterr().err
+    assert out.read_text() == first  # refused: not touched
+    assert engine_main(common + ["--offset", "1", "--append"]) == 0
+    text = out.read_text()
+    headers = [json.loads(line) for line in text.splitlines() if '"type": "header"' in line]
+    assert text.startswith(first) and len(headers) == 2 and headers[0]["prompt_ids"] != headers[1]["prompt_ids"]
+    assert len(trees.read_runs(out)) == 2
