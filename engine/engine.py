@@ -298,8 +298,8 @@ class Engine:
         if rule.samples:
             gen = torch.Generator(device=self.device)
             gen.manual_seed(self.model.tp.shared_seed(cfg.seed if cfg.seed is not None else int(time.time_ns() % 2**31)))
-        # AR runs only run the heads when traced (their top-k feeds the head statistics)
-        heads = self.heads if cfg.mode == "medusa" or cfg.traced else None
+        # AR runs only run the heads when traced with the heads' top-k (it feeds the head statistics)
+        heads = self.heads if cfg.mode == "medusa" or (cfg.traced and cfg.trace_heads) else None
         trace_topk = self.topk if cfg.traced else 0
         if self.graphs is not None and StepGraphs.usable(self.model, rule, cfg.mode):
             runner = GraphRunner(self.graphs, heads, buf, choices, trace_topk)

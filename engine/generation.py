@@ -52,6 +52,11 @@ class GenerationConfig:
                                                            "(default: when the tokenizer has one)",
                                                            action=argparse.BooleanOptionalAction))
     trace: bool = field(default=False, metadata={"cli": False})  # StepEvent.trace / Result.traces filled
+    trace_heads: bool = field(default=True, metadata=_flag(
+        "a traced AR run also records each head's top-k (head statistics, tree optimisation), which runs the "
+        "heads: work the untraced AR step does not do. --no-trace-heads traces the target only, with the "
+        "untraced step's kernels and one more (a Medusa run's trace always has the top-k its step drafted from)",
+        action=argparse.BooleanOptionalAction))
     # False: token ids only, no detokenisation (bulk work such as self-distillation decodes hundreds of
     # requests a step, where decoding their text would cost more host time than the GPU step)
     text: bool = field(default=True, metadata={"cli": False})
@@ -97,7 +102,7 @@ class GenerationConfig:
         p = self.top_p
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not (MIN_TOP_P <= p <= 1):
             raise GenerationError(f"top_p must be in (0, 1] and at least {MIN_TOP_P:.3g}, got {p!r}")
-        for flag in ("stop_on_eos", "trace", "text"):
+        for flag in ("stop_on_eos", "trace", "trace_heads", "text"):
             if not isinstance(getattr(self, flag), bool):
                 raise GenerationError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         if self.chat is not None and not isinstance(self.chat, bool):

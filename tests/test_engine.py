@@ -200,6 +200,27 @@ def test_trace_records_the_step_with_parent_and_depth(model_pair, tmp_path):
     assert sum(len(t["accepted_tokens"]) for t in res.traces) == 20
 
 
+def test_an_ar_trace_runs_the_heads_only_when_their_top_k_is_asked_for(model_pair, monkeypatch):
+    """trace_heads=False: the target's trace alone, from the untraced AR step's work (the heads never
+    run); the default records each head's top-k, which runs them. Tokens are the same either way."""
+    _, eng = model_pair
+    calls = []
+    forward = type(eng.heads).forward
+    monkeypatch.setattr(type(eng.heads), "forward", lambda self, *a, **k: calls.append(1) or forward(self, *a, **k))
+    plain = eng.generate(prompt(1), 12, mode="ar")
+    assert calls == []
+    target_only = eng.generate(prompt(1), 12, mode="ar", trace=True, trace_heads=False)
+    assert calls == [] and target_only.token_ids == plain.token_ids
+    assert all("head_topk" not in t and t["node_tokens"] == t["accepted_tokens"][:1] for t in target_only.traces)
+    with_heads = eng.generate(prompt(1), 12, mode="ar", trace=True)
+    assert calls and with_heads.token_ids == plain.token_ids
+    assert all(len(t["head_topk"]) == eng.num_heads for t in with_heads.traces)
+    def target_fields(traces):
+        return [{k: v for k, v in t.items() if k not in ("head_topk", "step_ms")} for t in traces]
+
+    assert target_fields(with_heads.traces) == target_fields(target_only.traces)
+
+
 def documented_step_fields() -> set[str]:
     doc = (Path(__file__).resolve().parent.parent / "docs" / "trace-schema.md").read_text()
     table = doc.split("## Step", 1)[1]

@@ -56,6 +56,12 @@ def test_graphed_traces_equal_eager_traces(eager):
         assert [[t[k] for k in keys] for t in a] == [[t[k] for k in keys] for t in b]
         heads = [[[c["token"] for c in h] for h in t["head_topk"]] for t in a]
         assert heads == [[[c["token"] for c in h] for h in t["head_topk"]] for t in b]
+    # an AR trace of the target alone (its own graph: no heads in the step)
+    a = eager.generate(p, 40, mode="ar", trace=True, trace_heads=False).traces
+    b = eng.generate(p, 40, mode="ar", trace=True, trace_heads=False).traces
+    keys = ("accepted_tokens", "node_tokens", "target_argmax")
+    assert [[t[k] for k in keys] for t in a] == [[t[k] for k in keys] for t in b]
+    assert not any("head_topk" in t for t in a + b)
 
 
 def test_non_greedy_rules_run_eagerly_with_graphs_on():

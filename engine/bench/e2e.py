@@ -62,10 +62,13 @@ def summarise(res: dict[str, dict], eng, tree_names: list[str], greedy: bool = T
         row["greedy_output_equals_ar"] = m["outputs"] == ar["outputs"] if greedy else None
         row["agreement_with_ar"] = agreement(m["outputs"], ar["outputs"])
         out["medusa"][name] = row
-    traced = {name: {"tokens_per_s": res[f"{name} traced"]["tokens_per_s"],
-                     "untraced_over_traced": ratio(res[name], res[f"{name} traced"]),
-                     "same_output": res[f"{name} traced"]["outputs"] == res[name]["outputs"]}
-              for name in ["ar"] + [f"medusa:{n}" for n in tree_names] if f"{name} traced" in res}
+    # "ar" traced runs the heads for their top-k, which untraced AR does not; "ar without heads" is the
+    # target's trace alone (GenerationConfig.trace_heads)
+    pairs = {name: (name, f"{name} traced") for name in ["ar"] + [f"medusa:{n}" for n in tree_names]}
+    pairs["ar without heads"] = ("ar", "ar traced without heads")
+    traced = {name: {"tokens_per_s": res[key]["tokens_per_s"], "untraced_over_traced": ratio(res[base], res[key]),
+                     "same_output": res[key]["outputs"] == res[base]["outputs"]}
+              for name, (base, key) in pairs.items() if key in res}
     if traced:
         out["traced"] = traced
     return out
@@ -101,6 +104,7 @@ def run_e2e(eng, prompts: list[list[int]], cfg: GenerationConfig, tree_names: li
         runners[f"medusa:{name}"] = engine_runner(eng, cfg.replace(mode="medusa", tree=name))
     if traced:  # what the workbench runs: every step traced (gathered on the device, one copy per step)
         runners["ar traced"] = engine_runner(eng, ar_cfg.replace(trace=True))
+        runners["ar traced without heads"] = engine_runner(eng, ar_cfg.replace(trace=True, trace_heads=False))
         for name in tree_names:
             runners[f"medusa:{name} traced"] = engine_runner(eng, cfg.replace(mode="medusa", tree=name, trace=True))
     if with_transformers:
