@@ -50,6 +50,53 @@ def test_a_model_that_cannot_load_is_one_line_naming_the_fetch():
         c.get("missing")
 
 
+def memory_cache(total: int, sizes: dict[str, int], limit: int = 4):
+    """A cache on a simulated device of `total` bytes, where each loaded engine holds its model's size."""
+    c = Engines(lambda name: f"engine:{name}", limit,
+                lambda name: (sizes[name], total - sum(sizes[n] for n in c.loaded())))
+    return c
+
+
+def test_a_model_that_does_not_fit_evicts_idle_engines_until_it_does():
+    c = memory_cache(10, {"a": 4, "b": 4, "c": 1, "mid": 5, "big": 7})
+    c.get("a"), c.get("b"), c.get("c"), c.get("a")  # 9 of 10 used; least recently used first: b, c, a
+    c.get("mid")  # needs 5 with 1 free: b goes, which is enough
+    assert c.loaded() == ["c", "a", "mid"]
+    c.get("big")  # needs 7 with 0 free: c (1), then a (4), then mid (5) go
+    assert c.loaded() == ["big"]
+
+
+def test_a_model_that_cannot_fit_is_refused_in_one_line_and_nothing_is_evicted():
+    c = memory_cache(10, {"a": 4, "b": 4, "mid": 7, "huge": 12})
+    c.get("a"), c.get("b")
+    with pytest.raises(UserError, match=r"^'huge' needs about [\d.]+ GiB and [\d.]+ GiB is free: close other programs"):
+        c.get("huge")  # more than the whole device
+    assert c.loaded() == ["a", "b"]
+    with c.using("a"):
+        with pytest.raises(UserError, match="is free; 1 loaded model is in use by a job"):
+            c.get("mid")  # 2 free + idle b's 4 < 7, since a is busy: refused before b is evicted
+        assert sorted(c.loaded()) == ["a", "b"]
+
+
+def test_the_app_checks_a_models_weight_files_against_free_memory(tmp_path, monkeypatch):
+    from workbench import models
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(bytes(3000))
+    (tmp_path / "medusa_lm_head.pt").write_bytes(bytes(1000))
+    assert models.weight_bytes(str(tmp_path)) == 4000
+    monkeypatch.setattr(models, "free_bytes", lambda device: 5000)
+    assert models.room("cpu")(str(tmp_path)) == (models.LOAD_FACTOR * 4000, 5000)
+    assert models.room("cpu")(str(tmp_path / "nope")) is None  # unknown: the loader names what is missing
+
+
+def test_free_memory_is_read_from_the_system():
+    from workbench.models import free_bytes
+
+    free = free_bytes("cpu")
+    assert free is None or free > 0
+
+
 def test_the_selector_offers_the_started_model_then_the_named_ones():
     assert model_choices("/some/folder") == ["/some/folder", "demo", "smollm2"]
     assert model_choices("smollm2") == ["smollm2", "demo"]
