@@ -67,10 +67,38 @@ def test_step_times_keep_to_their_budget_whatever_a_run_would_take(tabs, wb, mon
 
     monkeypatch.setattr(time, "monotonic", lambda: now[0])
     monkeypatch.setattr(Session, "check_stop", step_and_check)
+    timed = []  # (cut, steps) of every timed run (the warm-ups decode 8 tokens, these 40)
+    generate = wb.generate
+
+    def recorded(session, prompt, cfg, deadline=None):
+        r = generate(session, prompt, cfg, deadline)
+        if cfg.max_new_tokens == 40:
+            timed.append(r.cut)
+        return r
+
+    monkeypatch.setattr(wb, "generate", recorded)
     prompts = [Prompt(t, [t], i) for i, t in enumerate(["import os\n", "def main():\n"])]
     msg, rows = tabs.tune.measure_latency(wb.sessions.get("budget"), "4,16", prompts, 40, budget_s=5)
     assert now[0] <= 5.05 + 1e-9 and "1 run cut at the budget, not counted" in msg, (now[0], msg)
     assert [r[0] for r in rows] == ["AR", 4, 16]
+    assert timed[-1] and not any(timed[:-1]) and sum(r[-1] for r in rows) == len(timed) - 1
+
+
+def test_a_budget_spent_before_the_warm_up_ends_it_there(tabs, wb, monkeypatch):
+    """3 s a step and 5 s: the trees' search and the warm-up stop at the deadline too, so the job
+    ends within one step of it."""
+    now = [0.0]
+    check_stop = Session.check_stop
+
+    def step_and_check(session):
+        now[0] += 3.0
+        check_stop(session)
+
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(Session, "check_stop", step_and_check)
+    prompts = [Prompt("x = 1\n", ["x = 1\n"], 0)]
+    msg, rows = tabs.tune.measure_latency(wb.sessions.get("warm"), "1,2,3,4,5,6,7,8", prompts, 50, budget_s=5)
+    assert now[0] <= 5 + 3 and rows == [] and msg.startswith("✗ the time budget of 5 s ran out"), (now[0], msg)
 
 
 def test_a_budget_too_small_for_one_run_says_so(tabs, wb, monkeypatch):

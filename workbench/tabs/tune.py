@@ -25,6 +25,7 @@ DEFAULT_BUDGET_S, MAX_BUDGET_S = 60, 1800
 
 class TuneTab:
     title = "Tune"
+    order = 30
 
     def __init__(self, wb: Workbench):
         self.wb = wb
@@ -105,10 +106,14 @@ class TuneTab:
                 search_s = min(2.0, measure.SEARCH_SHARE * budget / max(len(ns), 1))
                 for n in ns:
                     session.check_stop()
+                    if time.monotonic() >= deadline:
+                        break
                     tree = trees.best_tree(session.pool, n, max_depth=heads, time_limit=search_s) if session.pool \
                         else trees.chain(min(n, heads))
                     configs[n] = cfg.replace(mode="medusa", tree=tree)
                 for c in configs.values():  # warm-up
+                    if time.monotonic() >= deadline:
+                        break
                     self.wb.generate(session, prompts[0].text, c.replace(max_new_tokens=min(8, c.max_new_tokens)),
                                      deadline)
                 samples = {n: [] for n in configs}
@@ -125,6 +130,8 @@ class TuneTab:
                 stopped = True
             except UserError as e:
                 return f"✗ {e}", []
+        for n in [0, *ns]:  # sizes the budget ended before: said as not measured
+            samples.setdefault(n, [])
         report = measure.Report(samples, time.monotonic() - t0, budget, load_before, measure.load_average(), stopped,
                                 cut)
         curve = report.curve()
@@ -322,6 +329,12 @@ class TuneTab:
 
         page.job(self.confirm_btn, confirm, [page.editor] + prompt_in, [self.confirm_msg])
 
-    def on_load(self):
+    def load_outputs(self) -> list:
+        return [self.pool_pick]
+
+    def on_load(self, session: Session, editor_text: str) -> dict:
         """The pools dropdown when a page opens."""
-        return gr.update(choices=self.wb.store.pool_names())
+        return {self.pool_pick: gr.update(choices=self.wb.store.pool_names())}
+
+
+TAB = TuneTab
