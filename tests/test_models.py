@@ -2,6 +2,7 @@
 the cache takes any loader, and the prompt sets are files in a temporary cache folder)."""
 
 import pytest
+import torch
 
 from engine import ModelLoadError
 from engine.loading import NAMED_MODELS
@@ -50,11 +51,29 @@ def test_a_model_that_cannot_load_is_one_line_naming_the_fetch():
         c.get("missing")
 
 
-def memory_cache(total: int, sizes: dict[str, int], limit: int = 4):
-    """A cache on a simulated device of `total` bytes, where each loaded engine holds its model's size."""
-    c = Engines(lambda name: f"engine:{name}", limit,
-                lambda name: (sizes[name], total - sum(sizes[n] for n in c.loaded())))
-    return c
+class SimulatedMemory:
+    """A device of `total` bytes where the engine of a model holds `held[model]` (its real size) and
+    the cache is told it needs `need[model]` (the estimate; by default the same)."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, total: int, held: dict[str, int], need: dict[str, int] | None = None):
+        self.total, self.sizes, self.needs, self.cache = total, held, need or held, None
+
+    def need(self, name):
+        return self.needs[name]
+
+    def free(self):
+        return self.total - sum(self.sizes[n] for n in self.cache.loaded())
+
+    def held(self, engine):
+        return self.sizes[engine.removeprefix("engine:")]
+
+
+def memory_cache(total: int, held: dict[str, int], need: dict[str, int] | None = None, limit: int = 4):
+    memory = SimulatedMemory(total, held, need)
+    memory.cache = Engines(lambda name: f"engine:{name}", limit, memory)
+    return memory.cache
 
 
 def test_a_model_that_does_not_fit_evicts_idle_engines_until_it_does():
@@ -67,9 +86,9 @@ def test_a_model_that_does_not_fit_evicts_idle_engines_until_it_does():
 
 
 def test_a_model_that_cannot_fit_is_refused_in_one_line_and_nothing_is_evicted():
-    c = memory_cache(10, {"a": 4, "b": 4, "mid": 7, "huge": 12})
-    c.get("a"), c.get("b")
-    with pytest.raises(UserError, match=r"^'huge' needs about [\d.]+ GiB and [\d.]+ GiB is free: close other programs"):
+    c = memory_cache(10, {"a": 4, "b": 4, "mid": 7, "huge": 12}, limit=2)
+    c.get("a"), c.get("b")  # the cache is full too: a refused model must not cost it an engine
+    with pytest.raises(UserError, match=r"^'huge' needs about [\d.]+ GiB for its weights and [\d.]+ GiB is free: close"):
         c.get("huge")  # more than the whole device
     assert c.loaded() == ["a", "b"]
     with c.using("a"):
@@ -78,23 +97,58 @@ def test_a_model_that_cannot_fit_is_refused_in_one_line_and_nothing_is_evicted()
         assert sorted(c.loaded()) == ["a", "b"]
 
 
-def test_the_app_checks_a_models_weight_files_against_free_memory(tmp_path, monkeypatch):
-    from workbench import models
+def test_what_an_engine_frees_is_what_it_holds_not_the_estimate():
+    # a holds 2 of 10 though a file-based estimate would say 4: 8 free + 2 < 11, refused up front
+    c = memory_cache(10, {"a": 2, "new": 11}, need={"a": 4, "new": 11})
+    c.get("a")
+    with pytest.raises(UserError, match="'new' needs"):
+        c.get("new")
+    assert c.loaded() == ["a"]
+
+
+def test_a_models_need_is_its_weights_at_the_apps_dtype(tmp_path):
+    from safetensors.torch import save_file
+
+    from workbench.models import DeviceMemory
 
     (tmp_path / "config.json").write_text("{}")
-    (tmp_path / "model.safetensors").write_bytes(bytes(3000))
-    (tmp_path / "medusa_lm_head.pt").write_bytes(bytes(1000))
-    assert models.weight_bytes(str(tmp_path)) == 4000
-    monkeypatch.setattr(models, "free_bytes", lambda device: 5000)
-    assert models.room("cpu")(str(tmp_path)) == (models.LOAD_FACTOR * 4000, 5000)
-    assert models.room("cpu")(str(tmp_path / "nope")) is None  # unknown: the loader names what is missing
+    save_file({"w": torch.zeros(10, 30, dtype=torch.bfloat16), "b": torch.zeros(30, dtype=torch.bfloat16)},
+              str(tmp_path / "model.safetensors"))
+    (tmp_path / "optimizer.pt").write_bytes(bytes(8000))  # not a weight file the loader reads
+    save_file({"heads.0.weight": torch.zeros(4, 5, dtype=torch.float16)}, str(tmp_path / "medusa_heads.safetensors"))
+    assert DeviceMemory("cpu", 4).need(str(tmp_path)) == (300 + 30 + 20) * 4  # float32: 4 bytes an element
+    assert DeviceMemory("cpu", 2).need(str(tmp_path)) == (300 + 30 + 20) * 2
+    assert DeviceMemory("cpu", 2).need(str(tmp_path / "nope")) is None  # the loader names what is missing
+    (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
+    assert DeviceMemory("cpu", 2).need(str(tmp_path)) is None
 
 
-def test_free_memory_is_read_from_the_system():
-    from workbench.models import free_bytes
+def test_free_memory_and_what_an_engine_holds_are_read_from_the_system(demo_engine):
+    from workbench.models import DeviceMemory
 
-    free = free_bytes("cpu")
-    assert free is None or free > 0
+    memory = DeviceMemory("cpu", 4)
+    assert memory.free() > 0  # Linux: MemAvailable (and the cgroup's room)
+    weights = sum(p.numel() * p.element_size() for p in demo_engine.model.parameters())
+    assert memory.held(demo_engine) >= weights > 0
+
+
+def test_the_app_refuses_a_model_that_does_not_fit_its_free_memory(demo_engine, tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
+    from workbench import models
+    from workbench.core import Workbench
+
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "config.json").write_text("{}")
+    save_file({"w": torch.zeros(1000, 1000)}, str(big / "model.safetensors"))
+    loads = []
+    wb = Workbench(demo_engine, tmp_path / "wb", loader=lambda name: loads.append(name) or demo_engine)
+    monkeypatch.setattr(models.DeviceMemory, "free", lambda self: 1_000_000)  # 4 MB of float32 weights need more
+    monkeypatch.setattr(models.DeviceMemory, "held", lambda self, engine: 0)
+    with pytest.raises(UserError, match=f"'{big}' needs about 0.0 GiB for its weights and 0.0 GiB is free"):
+        wb.engines.get(str(big))
+    assert loads == []
 
 
 def test_the_selector_offers_the_started_model_then_the_named_ones():

@@ -20,7 +20,7 @@ from engine import Engine, GenerationConfig, GenerationError
 from engine.prompts import Prompt, PromptFileError, heldout_prompts, parse_prompts, read_prompts
 
 from .memory import on_one_thread
-from .models import Engines, model_choices, room
+from .models import DeviceMemory, Engines, model_choices
 from .prompt_sets import named_prompt_set
 from .session import Session, Sessions, UserError, finite_number, user_message, whole_number
 from .store import Store, StoreError
@@ -72,7 +72,8 @@ class Workbench:
     def __init__(self, engine: Engine, data_dir: Path, default_traces: Path | None = None,
                  loader: Callable[[str], Engine] | None = None, model: str | None = None, max_engines: int = 2):
         self.model = model or engine.name  # the model the app was started with
-        self.engines = Engines(loader or _no_loader, max_engines, room(engine.device) if loader else None)
+        memory = DeviceMemory(engine.device, engine.model.embed_tokens.weight.element_size()) if loader else None
+        self.engines = Engines(loader or _no_loader, max_engines, memory)
         self.engines.add(self.model, engine)
         self.store = Store(data_dir)
         self.default_pool: tuple[list[trees.Run], str] = ([], "")

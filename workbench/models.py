@@ -2,19 +2,18 @@
 
 A researcher switches between the demo, SmolLM2 and their own folder without restarting the app, so
 several engines may be loaded at once; each holds its weights and KV cache, so their number is
-bounded (MAX_ENGINES), and so is their memory: before a model is loaded, its weight files (times
-LOAD_FACTOR) must fit in the device's free memory (`room`). When a new one is needed and the cache is
-full or the memory short, the least recently used engines that no job is using are let go, one at a
-time; an engine a job is using is never evicted (the job would lose its model mid-run), so if that
-cannot make room the new model is refused with a message instead, before anything is evicted. A
-model that does not fit is a one-line refusal, not an out-of-memory kill of the app and every
-session in it.
+bounded (MAX_ENGINES), and so is their memory (`DeviceMemory`): a model is loaded only where its
+weights, at the app's dtype, fit in the device's free memory. When a new one is needed and the cache
+is full or the memory short, the least recently used engines that no job is using are let go, one at
+a time; an engine a job is using is never evicted (the job would lose its model mid-run). A model
+that even letting every idle engine go would not make room for is refused in one line before
+anything is let go: not an out-of-memory kill of the app and every session in it.
 """
 
 from __future__ import annotations
 
 import gc
-import os
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -22,35 +21,70 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from engine import Engine, ModelLoadError
-from engine.loading import NAMED_MODELS, resolve_model_dir
+from engine.loading import HEAD_FILES, NAMED_MODELS, base_weight_files, resolve_model_dir
 
 from .session import UserError
 
 MAX_ENGINES = 2
 AR_ONLY = "none: AR"
-# memory a model takes, per byte of its weight files: a half-precision checkpoint loaded in float32
-# (the CPU default) doubles, and the KV cache and activations come on top
-LOAD_FACTOR = 2
-WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")
 GIB = 2**30
 
 
-def weight_bytes(name: str) -> int | None:
-    """Bytes of a model's weight files; None when its folder cannot be found (its loader says why)."""
-    try:
-        folder = resolve_model_dir(name)
-    except ModelLoadError:
-        return None
-    return sum(f.stat().st_size for pattern in WEIGHT_FILES for f in Path(folder).glob(pattern))
+class DeviceMemory:
+    """The engine cache's view of memory on the device its models load on, with `itemsize` bytes per
+    weight (the app's dtype: every model of an app loads with the same options)."""
+
+    def __init__(self, device: torch.device | str, itemsize: int):
+        self.device, self.itemsize = torch.device(device), itemsize
+
+    def need(self, name: str) -> int | None:
+        """Bytes a model's weights take once loaded: their element count (from the safetensors
+        headers, the files the loader reads, heads included) times itemsize; a pickled .bin counts
+        its file's bytes as half-precision. None when the folder cannot be found (the loader says why)."""
+        try:
+            folder = resolve_model_dir(name)
+            files = base_weight_files(folder) + [folder / h for h in HEAD_FILES if (folder / h).is_file()]
+        except ModelLoadError:
+            return None
+        total = 0
+        for path in files:
+            try:
+                total += self._weight_bytes(path)
+            except (OSError, ValueError, SafetensorError):  # unreadable: the loader names the file
+                return None
+        return total
+
+    def _weight_bytes(self, path: Path) -> int:
+        if path.suffix != ".safetensors":
+            return path.stat().st_size * self.itemsize // 2
+        with safe_open(str(path), "pt") as f:
+            return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys()) * self.itemsize
+
+    def free(self) -> int | None:
+        """Bytes free: CUDA's count plus what torch holds cached but unused; on the CPU the kernel's
+        MemAvailable, bounded by the cgroup's limit where one is set; None where unknown."""
+        if self.device.type == "cuda":
+            cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+            return torch.cuda.mem_get_info(self.device)[0] + cached
+        available = _meminfo_available()
+        limit = _cgroup_room()
+        return available if limit is None else limit if available is None else min(available, limit)
+
+    @staticmethod
+    def held(engine: Engine) -> int:
+        """Bytes an engine's tensors hold: weights, heads and KV cache (what letting it go frees)."""
+        tensors = [*engine.model.parameters(), *engine.model.buffers()]
+        if engine.heads is not None:
+            tensors += list(engine.heads.parameters())
+        if engine.model.cache is not None:
+            tensors += [engine.model.cache.k, engine.model.cache.v]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def free_bytes(device: torch.device | str) -> int | None:
-    """Memory free on the device: CUDA's own count, or the kernel's MemAvailable; None where unknown."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+def _meminfo_available() -> int | None:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -58,19 +92,17 @@ def free_bytes(device: torch.device | str) -> int | None:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
+    return None
+
+
+def _cgroup_room() -> int | None:
+    """The cgroup v2 memory limit less its usage, or None without a limit."""
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+    except (OSError, ValueError):
         return None
-
-
-def room(device: torch.device | str) -> Callable[[str], tuple[int, int] | None]:
-    """The memory check of an app whose models load on `device`: name -> (bytes needed, bytes free)."""
-    def check(name: str) -> tuple[int, int] | None:
-        need, free = weight_bytes(name), free_bytes(device)
-        return None if need is None or free is None else (LOAD_FACTOR * need, free)
-
-    return check
+    return None if limit == "max" else max(int(limit) - used, 0)
 
 
 def model_choices(given: str) -> list[str]:
@@ -91,11 +123,10 @@ def describe(engine: Engine) -> str:
 class Engines:
     """Loaded engines by model name, at most `limit`, least recently used first (see the module doc)."""
 
-    def __init__(self, loader: Callable[[str], Engine], limit: int = MAX_ENGINES,
-                 room: Callable[[str], tuple[int, int] | None] | None = None):
+    def __init__(self, loader: Callable[[str], Engine], limit: int = MAX_ENGINES, memory: DeviceMemory | None = None):
         if limit < 1:
             raise ValueError(f"the engine cache holds at least one engine, got {limit}")
-        self._loader, self.limit, self._room = loader, limit, room
+        self._loader, self.limit, self._memory = loader, limit, memory
         self._items: OrderedDict[str, Engine] = OrderedDict()
         self._users: dict[str, int] = {}
         self._lock = threading.RLock()
@@ -112,8 +143,8 @@ class Engines:
             if name in self._items:
                 self._items.move_to_end(name)
                 return self._items[name]
-            self._make_room(name)
             self._make_memory(name)
+            self._make_room(name)
             try:
                 engine = self._loader(name)
             except ModelLoadError as e:
@@ -147,23 +178,23 @@ class Engines:
             del self._items[idle[0]]
 
     def _make_memory(self, name: str) -> None:
-        """Evict least recently used idle engines until `name`'s weights fit in free memory (lock held);
-        refuse, evicting nothing, when even all the idle ones would not make room."""
-        sizes = self._room(name) if self._room is not None else None
-        if sizes is None:
+        """Let least recently used idle engines go until `name`'s weights fit in free memory (lock
+        held); refuse, letting nothing go, when even all the idle ones would not make room."""
+        mem = self._memory
+        need, free = (mem.need(name), mem.free()) if mem is not None else (None, None)
+        if need is None or free is None:
             return
-        need, free = sizes
         idle = [n for n in self._items if not self._users.get(n)]
         busy = len(self._items) - len(idle)
-        if need > free + sum((self._room(n) or (0, 0))[0] for n in idle):
+        if need > free + sum(mem.held(self._items[n]) for n in idle):
             raise UserError(_no_memory(name, need, free, busy))
         while need > free and idle:
             del self._items[idle.pop(0)]
             gc.collect()
-            if torch.cuda.is_available():
+            if mem.device.type == "cuda":
                 torch.cuda.empty_cache()
-            need, free = self._room(name) or (0, 0)
-        if need > free:  # the evicted engines' memory did not come back as estimated
+            free = mem.free() or 0
+        if need > free:  # what the idle engines held did not come back
             raise UserError(_no_memory(name, need, free, busy))
 
     def loaded(self) -> list[str]:
@@ -173,5 +204,5 @@ class Engines:
 
 def _no_memory(name: str, need: int, free: int, busy: int) -> str:
     held = f"; {busy} loaded model{'s are' if busy != 1 else ' is'} in use by a job" if busy else ""
-    return (f"{name!r} needs about {need / GIB:.1f} GiB and {free / GIB:.1f} GiB is free{held}: close other "
-            "programs, or start the app with a smaller --dtype or on another --device")
+    return (f"{name!r} needs about {need / GIB:.1f} GiB for its weights and {free / GIB:.1f} GiB is free{held}: "
+            "close other programs, or start the app with a smaller --dtype or on another --device")
