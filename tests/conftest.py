@@ -190,12 +190,9 @@ def tabs_of(wb):
     from types import SimpleNamespace
 
     from workbench.api import Api
-    from workbench.tabs.compare import CompareTab
-    from workbench.tabs.decode import DecodeTab
-    from workbench.tabs.editor import EditorTab
-    from workbench.tabs.tune import TuneTab
+    from workbench.tabs import tab_classes
 
-    t = SimpleNamespace(decode=DecodeTab(wb), editor=EditorTab(wb), tune=TuneTab(wb), compare=CompareTab(wb))
+    t = SimpleNamespace(**{cls.__module__.rsplit(".", 1)[1]: cls(wb) for cls in tab_classes()})
     t.api = Api(t.decode, t.editor, t.tune)
     return t
 

@@ -362,3 +362,34 @@ def test_rule_comparison_has_a_row_per_registered_rule(tabs, wb):
     assert [r[0] for r in rows] == [*RULES, "AR vs AR"] and "T = 0.8" in msg
     assert [r[1] for r in rows[:-1]] == [rule.lossless for rule in RULES.values()]
     assert all(r[2] >= 1 for r in rows[:-1]) and all(0 <= r[3] <= 1 for r in rows)
+
+
+def test_a_new_tab_is_one_new_file(wb, tmp_path, monkeypatch):
+    """A module dropped into workbench/tabs/ with a TAB is on the page at its order, with its page-load
+    updates, and nothing else is edited (the tab modules are found, not listed)."""
+    import shutil
+
+    import workbench.tabs
+    from workbench.app import build_app
+    from workbench.tabs import tab_classes
+
+    before = [cls.title for cls in tab_classes()]
+    assert before == ["Decode", "Tree editor", "Tune", "Compare", "Runs"]
+    folder = tmp_path / "tabs"
+    shutil.copytree(Path(workbench.tabs.__file__).parent, folder)
+    (folder / "notes.py").write_text(
+        "import gradio as gr\n\n\nclass NotesTab:\n    title = 'Notes'\n    order = 25\n\n"
+        "    def __init__(self, wb):\n        self.wb = wb\n\n"
+        "    def layout(self, page):\n        self.box = gr.Markdown(elem_id='notes')\n\n"
+        "    def wire(self, page):\n        pass\n\n"
+        "    def load_outputs(self):\n        return [self.box]\n\n"
+        "    def on_load(self, session, editor_text):\n        return {self.box: 'notes for ' + str(len(editor_text))}\n\n\n"
+        "TAB = NotesTab\n")
+    monkeypatch.setattr(workbench.tabs, "__path__", [str(folder)])
+    names = [cls.title for cls in tab_classes()]
+    assert names == ["Decode", "Tree editor", "Notes", "Tune", "Compare", "Runs"]
+    app = build_app(wb)
+    tabs = [b.label for b in app.blocks.values() if type(b).__name__ == "Tab"]
+    assert tabs == names
+    load = next(fn for fn in app.fns.values() if fn.name == "on_load")
+    assert "notes" in {getattr(o, "elem_id", None) for o in load.outputs}

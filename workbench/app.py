@@ -22,10 +22,9 @@ from .modelbar import ModelBar
 from .page import CLONE_JS, Page
 from .plotzoom import PLOT_JS, WARMUP_CSS
 from .session import MAX_SESSIONS
-from .tabs.compare import CompareTab
+from .tabs import tab_classes
 from .tabs.decode import DecodeTab
 from .tabs.editor import EditorTab
-from .tabs.runs import RunsTab
 from .tabs.tune import TuneTab
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -159,26 +158,29 @@ def build_app(wb: Workbench) -> gr.Blocks:
     the named API, and what a page shows when it opens."""
     page = Page(wb)
     bar = ModelBar(wb)
-    decode, editor, tune, compare, runs = DecodeTab(wb), EditorTab(wb), TuneTab(wb), CompareTab(wb), RunsTab(wb)
-    tabs = (decode, editor, tune, compare, runs)
+    tabs = [cls(wb) for cls in tab_classes()]  # every module of workbench/tabs/, in page order
+    tab = {type(t): t for t in tabs}
+    decode, editor, tune = tab[DecodeTab], tab[EditorTab], tab[TuneTab]  # the model bar's and the API's
     with gr.Blocks(title="medusa-workbench", delete_cache=GRADIO_CACHE) as app:
         gr.Markdown("## medusa-workbench")
         page.layout()
         bar.layout(page)
-        for tab in tabs:
-            with gr.Tab(tab.title):
-                tab.layout(page)
+        for t in tabs:
+            with gr.Tab(t.title):
+                t.layout(page)
         bar.wire(page, decode.mode)
-        for tab in tabs:
-            tab.wire(page)
+        for t in tabs:
+            t.wire(page)
         Api(decode, editor, tune).wire(page)
+        bar_out = [bar.model, bar.chat, bar.info, decode.mode]
 
         def on_load(text, request: gr.Request):
-            msg, fig, _ = editor.validate_tree(text, page.session(request))
-            return [msg, fig if fig is not None else gr.update(), *decode.on_load(), tune.on_load(),
-                    *bar.on_load(page.session(request)), *runs.on_load(), *page.dropdown_updates()]
+            session = page.session(request)
+            updates = dict(zip(bar_out, bar.on_load(session))) | dict(zip(page.tree_dropdowns, page.dropdown_updates()))
+            for t in tabs:
+                updates |= t.on_load(session, text)
+            return updates
 
-        app.load(on_load, page.editor, [editor.valid_msg, editor.plot, decode.runs_pick, decode.runs_msg, tune.pool_pick,
-                                        bar.model, bar.chat, bar.info, decode.mode, runs.a, runs.b, *page.tree_dropdowns],
+        app.load(on_load, page.editor, bar_out + page.tree_dropdowns + [c for t in tabs for c in t.load_outputs()],
                  api_visibility="private", **page.quiet)
     return app

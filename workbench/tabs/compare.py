@@ -52,6 +52,7 @@ def total_variation(a: list, b: list) -> float:
 
 class CompareTab:
     title = "Compare"
+    order = 40
 
     def __init__(self, wb: Workbench):
         self.wb = wb
@@ -258,6 +259,13 @@ class CompareTab:
         self.sweep_plot = gr.Plot(show_label=False, elem_id="sweep-plot")
         page.figure_exports({"batch_sweep": self.sweep_plot}, "sweep")
 
+    def load_outputs(self) -> list:
+        return []
+
+    def on_load(self, session: Session, editor_text: str) -> dict:
+        """Nothing to refresh when a page opens."""
+        return {}
+
     def wire(self, page: Page) -> None:
         def compare(a, b, text, source, ptext, file, n, tokens, acc, temp, sd, request: gr.Request,
                     progress=gr.Progress()):
@@ -294,3 +302,6 @@ class CompareTab:
 
         self.sweep_btn.click(sweep, [self.sweep_pick, self.sweep_file], [self.sweep_table, self.sweep_msg,
                                                                          self.sweep_plot], **PRIVATE)
+
+
+TAB = CompareTab

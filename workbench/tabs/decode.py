@@ -87,6 +87,7 @@ def example_prompt() -> str:
 
 class DecodeTab:
     title = "Decode"
+    order = 10
 
     def __init__(self, wb: Workbench):
         self.wb = wb
@@ -531,6 +532,12 @@ class DecodeTab:
                                  self.table_csv, self.table_json, self.run_plot, self.heat_plot, self.calib_plot,
                                  self.run_files, self.stats, self.collapse] + restore_out, **draws)
 
-    def on_load(self) -> tuple:
-        """(runs dropdown update, runs note) when a page opens."""
-        return gr.update(choices=self.run_choices()), self.runs_note()
+    def load_outputs(self) -> list:
+        return [self.runs_pick, self.runs_msg]
+
+    def on_load(self, session: Session, editor_text: str) -> dict:
+        """The saved runs' list and note when a page opens."""
+        return {self.runs_pick: gr.update(choices=self.run_choices()), self.runs_msg: self.runs_note()}
+
+
+TAB = DecodeTab

@@ -19,6 +19,7 @@ from ..store import StoreError, safe_name
 
 class EditorTab:
     title = "Tree editor"
+    order = 20
 
     def __init__(self, wb: Workbench):
         self.wb = wb
@@ -202,6 +203,14 @@ class EditorTab:
 
         self.diff_btn.click(diff, [self.diff_a, self.diff_b, self.editor], self.diff_out, **PRIVATE)
 
+    def load_outputs(self) -> list:
+        return [self.valid_msg, self.plot]
+
+    def on_load(self, session: Session, editor_text: str) -> dict:
+        """The check and drawing of the tree the editor opens with."""
+        msg, fig, _ = self.validate_tree(editor_text, session)
+        return {self.valid_msg: msg, self.plot: fig if fig is not None else gr.update()}
+
 
 def reach_probabilities(session: Session, choices: list[list[int]]) -> list[float]:
     """Per node: the share of replayed step starts whose accepted path reached it."""
@@ -218,3 +227,6 @@ def reach_probabilities(session: Session, choices: list[list[int]]) -> list[floa
                 hits[chains[i][d]] += 1
             i += 1 + keep
     return [hits[tuple(p)] / max(starts, 1) for p in choices]
+
+
+TAB = EditorTab

@@ -10,7 +10,7 @@ import gradio as gr
 from .. import research_figures
 from ..core import Workbench
 from ..page import PRIVATE, Page
-from ..session import RunState, UserError, user_message
+from ..session import RunState, Session, UserError, user_message
 from ..store import StoreError
 
 
@@ -26,6 +26,7 @@ def head_accuracy_steps(run: RunState, steps: list[dict]) -> list[list[float | N
 
 class RunsTab:
     title = "Runs"
+    order = 50
 
     def __init__(self, wb: Workbench):
         self.wb = wb
@@ -87,6 +88,13 @@ class RunsTab:
         self.show.click(self.side_by_side, [self.a, self.b],
                         [self.summary, self.text_a, self.text_b, self.per_step, self.heads], **PRIVATE)
 
-    def on_load(self) -> tuple:
+    def load_outputs(self) -> list:
+        return [self.a, self.b]
+
+    def on_load(self, session: Session, editor_text: str) -> dict:
+        """Both run pickers' choices when a page opens."""
         choices = self.run_choices()
-        return gr.update(choices=choices), gr.update(choices=choices)
+        return {self.a: gr.update(choices=choices), self.b: gr.update(choices=choices)}
+
+
+TAB = RunsTab
