@@ -289,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("collect-traces", help="decode prompts with step traces (input of `trees stats/optimize/experiment`)")
     add_model_arguments(k)
     add_prompt_set_arguments(k)
-    add_generation_arguments(k, exclude=("trace_file",), mode="ar")
+    add_generation_arguments(k, exclude=("trace_file", "trace_heads"), mode="ar")  # traces for trees: heads always
     k.add_argument("--out", dest="trace_file", required=True, metavar="FILE.jsonl", help="where the traces go (a new file)")
     k.add_argument("--append", action="store_true", help="add to an existing trace file (refused without it: a second "
                    "collection into the same file would mix two runs' prompts and settings in every statistic)")
@@ -303,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model-id", default=None, help="model_id in the answers (default: the model's name)")
     s.add_argument("--question-begin", type=nonneg_int, default=None)
     s.add_argument("--question-end", type=nonneg_int, default=None)
-    add_generation_arguments(s, exclude=("trace_file",), max_new_tokens=1024)
+    add_generation_arguments(s, exclude=("trace_file", "trace_heads"), max_new_tokens=1024)
     s.set_defaults(fn=_spec_bench)
 
     def distill_arguments(p, prefix: str = "") -> None:

@@ -322,6 +322,8 @@ class Engine:
                          "max_new_tokens": cfg.max_new_tokens, "stop_on_eos": cfg.stop_on_eos, "seed": cfg.seed,
                          "dtype": str(self.model.embed_tokens.weight.dtype).removeprefix("torch."),
                          "device": str(self.device), "backend": self.model.backend}
+                if cfg.mode == "ar":  # whether the steps hold the heads' top-k (tree statistics need it)
+                    extra["trace_heads"] = cfg.trace_heads
                 writer.write(header(self.name, self.heads_source, choices, cfg.mode, cfg.accept, extra))
             parent = buf.parent.tolist() if buf is not None else [-1]
             trace = TraceContext(choices or [], parent, self.token_text, batched=len(batch) > 1)

@@ -200,7 +200,7 @@ def test_trace_records_the_step_with_parent_and_depth(model_pair, tmp_path):
     assert sum(len(t["accepted_tokens"]) for t in res.traces) == 20
 
 
-def test_an_ar_trace_runs_the_heads_only_when_their_top_k_is_asked_for(model_pair, monkeypatch):
+def test_an_ar_trace_runs_the_heads_only_when_their_top_k_is_asked_for(model_pair, monkeypatch, tmp_path):
     """trace_heads=False: the target's trace alone, from the untraced AR step's work (the heads never
     run); the default records each head's top-k, which runs them. Tokens are the same either way."""
     _, eng = model_pair
@@ -209,8 +209,9 @@ def test_an_ar_trace_runs_the_heads_only_when_their_top_k_is_asked_for(model_pai
     monkeypatch.setattr(type(eng.heads), "forward", lambda self, *a, **k: calls.append(1) or forward(self, *a, **k))
     plain = eng.generate(prompt(1), 12, mode="ar")
     assert calls == []
-    target_only = eng.generate(prompt(1), 12, mode="ar", trace=True, trace_heads=False)
+    target_only = eng.generate(prompt(1), 12, mode="ar", trace_heads=False, trace_file=str(tmp_path / "t.jsonl"))
     assert calls == [] and target_only.token_ids == plain.token_ids
+    assert json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])["trace_heads"] is False
     assert all("head_topk" not in t and t["node_tokens"] == t["accepted_tokens"][:1] for t in target_only.traces)
     with_heads = eng.generate(prompt(1), 12, mode="ar", trace=True)
     assert calls and with_heads.token_ids == plain.token_ids

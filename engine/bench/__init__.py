@@ -37,7 +37,7 @@ def add_bench_arguments(p) -> None:
     p.add_argument("--part", choices=["e2e", "batch", "latency", "parity", "attention", "step"], default="e2e")
     add_model_arguments(p)
     add_prompt_set_arguments(p, count=12, offset=12)
-    add_generation_arguments(p, exclude=("mode", "tree", "trace_file"))
+    add_generation_arguments(p, exclude=("mode", "tree", "trace_file", "trace_heads"))
     p.add_argument("--trees", default=None, help="e2e (default demo_tuned,chain_4,mc_sim_7b_63) and batch (default: "
                    "a tree per --sizes entry): comma-separated presets or files")
     p.add_argument("--rounds", type=positive_int, default=3, help="e2e/latency: round-robin repeats")

@@ -103,7 +103,7 @@ def run_e2e(eng, prompts: list[list[int]], cfg: GenerationConfig, tree_names: li
     for name in tree_names:
         runners[f"medusa:{name}"] = engine_runner(eng, cfg.replace(mode="medusa", tree=name))
     if traced:  # what the workbench runs: every step traced (gathered on the device, one copy per step)
-        runners["ar traced"] = engine_runner(eng, ar_cfg.replace(trace=True))
+        runners["ar traced"] = engine_runner(eng, ar_cfg.replace(trace=True, trace_heads=True))
         runners["ar traced without heads"] = engine_runner(eng, ar_cfg.replace(trace=True, trace_heads=False))
         for name in tree_names:
             runners[f"medusa:{name} traced"] = engine_runner(eng, cfg.replace(mode="medusa", tree=name, trace=True))
