@@ -54,20 +54,27 @@ def test_a_deadline_ends_a_run_after_the_step_that_passes_it(wb):
     assert cut.cut and cut.steps == 1 and cut.token_ids == whole.token_ids[: cut.new_tokens]
 
 
-def test_step_times_keep_to_their_budget_whatever_a_run_would_take(tabs, wb, monkeypatch):
-    """A simulated clock that moves 50 ms at every decoding step (a job checks its Stop once a step):
-    warm-up and timed runs share the budget's deadline, so the job ends within a step of it although
-    the next run would take longer, and the run cut at the deadline is said and not counted."""
+def simulated_steps(monkeypatch, seconds: float) -> list[float]:
+    """A simulated clock, [now], that moves `seconds` at every decoding step (a job checks its Stop
+    once a step, and between sizes), whatever the step really takes."""
     now = [0.0]
     check_stop = Session.check_stop
 
     def step_and_check(session):
-        now[0] += 0.05
+        now[0] += seconds
         check_stop(session)
 
     monkeypatch.setattr(time, "monotonic", lambda: now[0])
     monkeypatch.setattr(Session, "check_stop", step_and_check)
-    timed = []  # (cut, steps) of every timed run (the warm-ups decode 8 tokens, these 40)
+    return now
+
+
+def test_step_times_keep_to_their_budget_whatever_a_run_would_take(tabs, wb, monkeypatch):
+    """50 ms a step: warm-up and timed runs share the budget's deadline, so the job ends within a step
+    of it although the next run would take longer, and the run cut at the deadline is said and not
+    counted."""
+    now = simulated_steps(monkeypatch, 0.05)
+    timed = []  # whether each timed run was cut (the warm-ups decode 8 tokens, these 40)
     generate = wb.generate
 
     def recorded(session, prompt, cfg, deadline=None):
@@ -84,33 +91,11 @@ def test_step_times_keep_to_their_budget_whatever_a_run_would_take(tabs, wb, mon
     assert timed[-1] and not any(timed[:-1]) and sum(r[-1] for r in rows) == len(timed) - 1
 
 
-def test_a_budget_spent_before_the_warm_up_ends_it_there(tabs, wb, monkeypatch):
+def test_a_budget_spent_before_the_warm_up_ends_it_there_and_says_so(tabs, wb, monkeypatch):
     """3 s a step and 5 s: the trees' search and the warm-up stop at the deadline too, so the job
-    ends within one step of it."""
-    now = [0.0]
-    check_stop = Session.check_stop
-
-    def step_and_check(session):
-        now[0] += 3.0
-        check_stop(session)
-
-    monkeypatch.setattr(time, "monotonic", lambda: now[0])
-    monkeypatch.setattr(Session, "check_stop", step_and_check)
+    ends within one step of it, with a message instead of a curve."""
+    now = simulated_steps(monkeypatch, 3.0)
     prompts = [Prompt("x = 1\n", ["x = 1\n"], 0)]
     msg, rows = tabs.tune.measure_latency(wb.sessions.get("warm"), "1,2,3,4,5,6,7,8", prompts, 50, budget_s=5)
-    assert now[0] <= 5 + 3 and rows == [] and msg.startswith("✗ the time budget of 5 s ran out"), (now[0], msg)
-
-
-def test_a_budget_too_small_for_one_run_says_so(tabs, wb, monkeypatch):
-    now = [0.0]
-    check_stop = Session.check_stop
-
-    def step_and_check(session):
-        now[0] += 3.0
-        check_stop(session)
-
-    monkeypatch.setattr(time, "monotonic", lambda: now[0])
-    monkeypatch.setattr(Session, "check_stop", step_and_check)
-    msg, rows = tabs.tune.measure_latency(wb.sessions.get("tiny"), "4", [Prompt("x = 1\n", ["x = 1\n"], 0)], 50,
-                                          budget_s=5)
-    assert msg.startswith("✗ the time budget of 5 s ran out before any size was timed") and rows == [], msg
+    assert now[0] <= 5 + 3 and rows == [], now[0]
+    assert msg.startswith("✗ the time budget of 5 s ran out before any size was timed"), msg
