@@ -4,6 +4,8 @@ simulated clock; no timing is asserted."""
 import math
 import time
 
+import pytest
+
 from engine.prompts import Prompt
 from workbench.measure import Report, interval, next_size, relative_width
 from workbench.session import Session
@@ -91,11 +93,42 @@ def test_step_times_keep_to_their_budget_whatever_a_run_would_take(tabs, wb, mon
     assert timed[-1] and not any(timed[:-1]) and sum(r[-1] for r in rows) == len(timed) - 1
 
 
-def test_a_budget_spent_before_the_warm_up_ends_it_there_and_says_so(tabs, wb, monkeypatch):
-    """3 s a step and 5 s: the trees' search and the warm-up stop at the deadline too, so the job
-    ends within one step of it, with a message instead of a curve."""
-    now = simulated_steps(monkeypatch, 3.0)
-    prompts = [Prompt("x = 1\n", ["x = 1\n"], 0)]
-    msg, rows = tabs.tune.measure_latency(wb.sessions.get("warm"), "1,2,3,4,5,6,7,8", prompts, 50, budget_s=5)
-    assert now[0] <= 5 + 3 and rows == [], now[0]
+@pytest.mark.parametrize("step_s, sizes", [(3.0, "1,2,3,4,5,6,7,8"), (1.0, "4")])
+def test_a_budget_spent_before_the_warm_up_ends_it_there_and_says_so(tabs, wb, monkeypatch, step_s, sizes):
+    """The trees' search (3 s a step: it passes the deadline) and the warm-up (1 s a step: its first
+    run does) stop at the deadline too, so the job ends within one step of it, with a message and
+    the session's curve left as it was."""
+    now = simulated_steps(monkeypatch, step_s)
+    session = wb.sessions.get(f"warm{step_s}")
+    session.latency = {8: {"step_ms": 1.0, "ci95": None, "runs": 1}}
+    msg, rows = tabs.tune.measure_latency(session, sizes, [Prompt("x = 1\n", ["x = 1\n"], 0)], 50, budget_s=5)
+    assert now[0] <= 5 + step_s and rows == [], now[0]
     assert msg.startswith("✗ the time budget of 5 s ran out before any size was timed"), msg
+    assert session.latency == {8: {"step_ms": 1.0, "ci95": None, "runs": 1}}
+
+
+def test_a_curve_of_ar_alone_is_refused_and_keeps_the_last_one(tabs, wb, monkeypatch):
+    """50 ms a step: the AR runs finish, the first tree run is cut; a curve without a tree size
+    chooses no tree, so it is refused and the session keeps its curve."""
+    simulated_steps(monkeypatch, 0.05)
+    session = wb.sessions.get("ar-only")
+    session.latency = {8: {"step_ms": 1.0, "ci95": None, "runs": 1}}
+    msg, rows = tabs.tune.measure_latency(session, "4", [Prompt("x = 1\n", ["x = 1\n"], 0)], 80, budget_s=5)
+    assert msg.startswith("✗ the time budget of 5 s ran out before any tree size (AR only) was timed"), msg
+    assert rows == [] and session.latency == {8: {"step_ms": 1.0, "ci95": None, "runs": 1}}
+
+
+def test_the_trees_search_takes_at_most_a_fifth_of_the_budget(tabs, wb, monkeypatch):
+    import trees
+
+    limits = []
+
+    def best_tree(pool, n, max_depth, time_limit):
+        limits.append(time_limit)
+        return trees.chain(min(n, max_depth))
+
+    monkeypatch.setattr(trees, "best_tree", best_tree)
+    session = wb.sessions.get("search")
+    session.pool = wb.default_pool[0]
+    tabs.tune.measure_latency(session, "2,4,8,16", [Prompt("x = 1\n", ["x = 1\n"], 0)], 4, budget_s=5)
+    assert limits == [0.2 * 5 / 4] * 4

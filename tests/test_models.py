@@ -57,8 +57,10 @@ class SimulatedMemory:
 
     device = torch.device("cpu")
 
-    def __init__(self, total: int, held: dict[str, int], need: dict[str, int] | None = None):
+    def __init__(self, total: int, held: dict[str, int], need: dict[str, int] | None = None,
+                 claims: dict[str, int] | None = None):
         self.total, self.sizes, self.needs, self.cache = total, held, need or held, None
+        self.claims = claims or held  # what `held` says an engine holds (a wrong count where they differ)
 
     def need(self, name):
         return self.needs[name]
@@ -67,11 +69,12 @@ class SimulatedMemory:
         return self.total - sum(self.sizes[n] for n in self.cache.loaded())
 
     def held(self, engine):
-        return self.sizes[engine.removeprefix("engine:")]
+        return self.claims[engine.removeprefix("engine:")]
 
 
-def memory_cache(total: int, held: dict[str, int], need: dict[str, int] | None = None, limit: int = 4):
-    memory = SimulatedMemory(total, held, need)
+def memory_cache(total: int, held: dict[str, int], need: dict[str, int] | None = None, limit: int = 4,
+                 claims: dict[str, int] | None = None):
+    memory = SimulatedMemory(total, held, need, claims)
     memory.cache = Engines(lambda name: f"engine:{name}", limit, memory)
     return memory.cache
 
@@ -88,7 +91,7 @@ def test_a_model_that_does_not_fit_evicts_idle_engines_until_it_does():
 def test_a_model_that_cannot_fit_is_refused_in_one_line_and_nothing_is_evicted():
     c = memory_cache(10, {"a": 4, "b": 4, "mid": 7, "huge": 12}, limit=2)
     c.get("a"), c.get("b")  # the cache is full too: a refused model must not cost it an engine
-    with pytest.raises(UserError, match=r"^'huge' needs about [\d.]+ GiB for its weights and [\d.]+ GiB is free: close"):
+    with pytest.raises(UserError, match=r"^'huge' needs about [\d.]+ [GM]iB for its weights and [\d.]+ [GM]iB is free: close"):
         c.get("huge")  # more than the whole device
     assert c.loaded() == ["a", "b"]
     with c.using("a"):
@@ -106,6 +109,23 @@ def test_what_an_engine_frees_is_what_it_holds_not_the_estimate():
     assert c.loaded() == ["a"]
 
 
+def test_an_engine_that_freed_less_than_it_seemed_to_hold_ends_in_the_same_refusal():
+    c = memory_cache(10, {"a": 2, "new": 11}, claims={"a": 4, "new": 11})  # a seems to hold 4, frees 2
+    c.get("a")
+    with pytest.raises(UserError, match=r"'new' needs about 0\.0 MiB for its weights and 0\.0 MiB is free"):
+        c.get("new")  # 8 free + 4 seemed enough: a went, 10 free is not
+
+
+def test_free_memory_on_the_cpu_is_the_smaller_of_the_kernels_and_the_cgroups(monkeypatch):
+    from workbench import models
+
+    monkeypatch.setattr(models, "_meminfo_available", lambda: 100)
+    monkeypatch.setattr(models, "_cgroup_room", lambda: 60)
+    assert models.DeviceMemory("cpu", 4).free() == 60
+    monkeypatch.setattr(models, "_cgroup_room", lambda: None)
+    assert models.DeviceMemory("cpu", 4).free() == 100
+
+
 def test_a_models_need_is_its_weights_at_the_apps_dtype(tmp_path):
     from safetensors.torch import save_file
 
@@ -121,15 +141,30 @@ def test_a_models_need_is_its_weights_at_the_apps_dtype(tmp_path):
     assert DeviceMemory("cpu", 2).need(str(tmp_path / "nope")) is None  # the loader names what is missing
     (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
     assert DeviceMemory("cpu", 2).need(str(tmp_path)) is None
+    (tmp_path / "model.safetensors").unlink()
+    (tmp_path / "pytorch_model.bin").write_bytes(bytes(4000))  # pickled: counted as half precision
+    assert DeviceMemory("cpu", 4).need(str(tmp_path)) == 8000 + 20 * 4
 
 
-def test_free_memory_and_what_an_engine_holds_are_read_from_the_system(demo_engine):
+def test_the_demo_needs_what_its_engine_holds(demo_engine):
+    """On the real demo: the weights' need at float32 is what the loaded engine's weights hold (its
+    KV cache, once, comes on top)."""
     from workbench.models import DeviceMemory
 
     memory = DeviceMemory("cpu", 4)
-    assert memory.free() > 0  # Linux: MemAvailable (and the cgroup's room)
+    demo_engine.generate("x = 1", 2)  # it has a KV cache
     weights = sum(p.numel() * p.element_size() for p in demo_engine.model.parameters())
-    assert memory.held(demo_engine) >= weights > 0
+    heads = sum(p.numel() * p.element_size() for p in demo_engine.heads.parameters())
+    assert memory.need("demo") == weights + heads
+    cache = demo_engine.model.cache
+    kv = cache.k.numel() * cache.k.element_size() * 2
+    assert weights + heads + kv <= memory.held(demo_engine) <= weights + heads + kv + 4096  # + rope tables
+
+
+def test_free_memory_is_read_from_the_system():
+    from workbench.models import DeviceMemory
+
+    assert DeviceMemory("cpu", 4).free() > 0  # Linux: MemAvailable (and the cgroup's room)
 
 
 def test_the_app_refuses_a_model_that_does_not_fit_its_free_memory(demo_engine, tmp_path, monkeypatch):
@@ -146,7 +181,7 @@ def test_the_app_refuses_a_model_that_does_not_fit_its_free_memory(demo_engine, 
     wb = Workbench(demo_engine, tmp_path / "wb", loader=lambda name: loads.append(name) or demo_engine)
     monkeypatch.setattr(models.DeviceMemory, "free", lambda self: 1_000_000)  # 4 MB of float32 weights need more
     monkeypatch.setattr(models.DeviceMemory, "held", lambda self, engine: 0)
-    with pytest.raises(UserError, match=f"'{big}' needs about 0.0 GiB for its weights and 0.0 GiB is free"):
+    with pytest.raises(UserError, match=f"'{big}' needs about 3.8 MiB for its weights and 1.0 MiB is free"):
         wb.engines.get(str(big))
     assert loads == []
 

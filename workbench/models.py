@@ -24,7 +24,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from engine import Engine, ModelLoadError
-from engine.loading import HEAD_FILES, NAMED_MODELS, base_weight_files, resolve_model_dir
+from engine.loading import NAMED_MODELS, base_weight_files, find_heads, heads_dir, resolve_model_dir
 
 from .session import UserError
 
@@ -46,9 +46,11 @@ class DeviceMemory:
         its file's bytes as half-precision. None when the folder cannot be found (the loader says why)."""
         try:
             folder = resolve_model_dir(name)
-            files = base_weight_files(folder) + [folder / h for h in HEAD_FILES if (folder / h).is_file()]
+            files = base_weight_files(folder)
         except ModelLoadError:
             return None
+        heads = find_heads(heads_dir(name, folder))  # the one heads file the loader reads, wherever it is
+        files += [heads] if heads is not None else []
         total = 0
         for path in files:
             try:
@@ -75,13 +77,13 @@ class DeviceMemory:
 
     @staticmethod
     def held(engine: Engine) -> int:
-        """Bytes an engine's tensors hold: weights, heads and KV cache (what letting it go frees)."""
+        """Bytes an engine's tensors hold: weights, heads and KV cache (a module of the model, so among
+        its buffers), each storage once (what letting it go frees)."""
         tensors = [*engine.model.parameters(), *engine.model.buffers()]
         if engine.heads is not None:
-            tensors += list(engine.heads.parameters())
-        if engine.model.cache is not None:
-            tensors += [engine.model.cache.k, engine.model.cache.v]
-        return sum(t.numel() * t.element_size() for t in tensors)
+            tensors += [*engine.heads.parameters(), *engine.heads.buffers()]
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        return sum(storages.values())
 
 
 def _meminfo_available() -> int | None:
@@ -96,13 +98,19 @@ def _meminfo_available() -> int | None:
 
 
 def _cgroup_room() -> int | None:
-    """The cgroup v2 memory limit less its usage, or None without a limit."""
+    """This process's cgroup v2 memory limit less what it uses that the kernel cannot reclaim (its
+    usage less inactive file pages), or None without a limit."""
     try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-    except (OSError, ValueError):
+        group = Path("/proc/self/cgroup").read_text().split("0::", 1)[1].splitlines()[0].strip()
+        folder = Path("/sys/fs/cgroup") / group.lstrip("/")
+        limit = (folder / "memory.max").read_text().strip()
+        used = int((folder / "memory.current").read_text())
+        stat = dict(line.split() for line in (folder / "memory.stat").read_text().splitlines())
+    except (OSError, ValueError, IndexError):
         return None
-    return None if limit == "max" else max(int(limit) - used, 0)
+    if limit == "max":
+        return None
+    return max(int(limit) - used + int(stat.get("inactive_file", 0)), 0)
 
 
 def model_choices(given: str) -> list[str]:
@@ -204,5 +212,9 @@ class Engines:
 
 def _no_memory(name: str, need: int, free: int, busy: int) -> str:
     held = f"; {busy} loaded model{'s are' if busy != 1 else ' is'} in use by a job" if busy else ""
-    return (f"{name!r} needs about {need / GIB:.1f} GiB for its weights and {free / GIB:.1f} GiB is free{held}: "
+    return (f"{name!r} needs about {_size(need)} for its weights and {_size(free)} is free{held}: "
             "close other programs, or start the app with a smaller --dtype or on another --device")
+
+
+def _size(n: int) -> str:
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"

@@ -135,11 +135,12 @@ class TuneTab:
         report = measure.Report(samples, time.monotonic() - t0, budget, load_before, measure.load_average(), stopped,
                                 cut)
         curve = report.curve()
-        if not curve:
+        if not curve or (ns and not set(curve) - {0}):  # a curve without a tree size chooses nothing
+            what = "any size" if not curve else "any tree size (AR only)"
             if stopped:
-                return "✗ stopped by user before any size was timed", []
-            return (f"✗ the time budget of {budget:g} s ran out before any size was timed (one run takes longer): "
-                    "give more time or fewer new tokens", [])
+                return f"✗ stopped by user before {what} was timed; the step-time curve is unchanged", []
+            return (f"✗ the time budget of {budget:g} s ran out before {what} was timed (one run takes longer): "
+                    "give more time or fewer new tokens; the step-time curve is unchanged", [])
         session.latency = curve
         session.latency_source = f"measured here, {len(prompts)} prompts"
         steps = ", ".join(f"{n or 'AR'}: {v['step_ms']:.2f}" for n, v in curve.items())
