@@ -255,13 +255,26 @@ class Engine:
         elt = self.model.embed_tokens.weight.element_size()
         need = 2 * a.n_layers * batch * (a.n_kv_heads // self.model.tp.world) * capacity * a.head_dim * elt
         held = self.model.cache.k.numel() * 2 * elt if self.model.cache is not None else 0
-        if self.device.type == "cuda":
-            free = torch.cuda.mem_get_info(self.device)[0] + held
-        else:
-            free = available_memory() + held
+        free = self.free_memory() + held
         if need > 0.9 * free:
             raise GenerationError(f"out of memory: a KV cache for {batch} x {capacity} tokens needs {need / 2**30:.2f} GiB; "
                                   f"{free / 2**30:.2f} GiB is free")
+
+    def free_memory(self) -> int:
+        """Bytes free on this engine's device: CUDA's count plus what torch's allocator holds unused
+        (it reuses that first), or what the OS can still give this process."""
+        if self.device.type == "cuda":
+            unused = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+            return torch.cuda.mem_get_info(self.device)[0] + unused
+        return available_memory()
+
+    def held_memory(self) -> int:
+        """Bytes this engine's tensors hold: weights, heads and KV cache (a module of the model, so
+        among its buffers), each storage once: what letting the engine go frees."""
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        if self.heads is not None:
+            tensors += [*self.heads.parameters(), *self.heads.buffers()]
+        return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
 
     def cache_capacity(self, need: int, nodes: int) -> int:
         """KV slots for a run that needs `need`: rounded up to CACHE_GRANULE (similar runs share a cache
@@ -448,14 +461,35 @@ class _Stream:
 
 
 def available_memory() -> int:
-    """Bytes of memory the OS can still give this process (Linux MemAvailable; else a page count)."""
+    """Bytes of memory the OS can still give this process: Linux MemAvailable (else a page count),
+    bounded by the process's cgroup v2 limit where one is set."""
+    free = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+                free = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if free is None:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    room = cgroup_room()
+    return free if room is None else min(free, room)
+
+
+def cgroup_room() -> int | None:
+    """This process's cgroup v2 memory limit less what it uses that the kernel cannot reclaim (its
+    usage less inactive file pages), or None without a limit."""
+    try:
+        group = Path("/proc/self/cgroup").read_text().split("0::", 1)[1].splitlines()[0].strip()
+        folder = Path("/sys/fs/cgroup") / group.lstrip("/")
+        limit = (folder / "memory.max").read_text().strip()
+        used = int((folder / "memory.current").read_text())
+        stat = dict(line.split() for line in (folder / "memory.stat").read_text().splitlines())
+    except (OSError, ValueError, IndexError):
+        return None
+    if limit == "max":
+        return None
+    return max(int(limit) - used + int(stat.get("inactive_file", 0)), 0)
 
 
 def load(

@@ -55,8 +55,6 @@ class SimulatedMemory:
     """A device of `total` bytes where the engine of a model holds `held[model]` (its real size) and
     the cache is told it needs `need[model]` (the estimate; by default the same)."""
 
-    device = torch.device("cpu")
-
     def __init__(self, total: int, held: dict[str, int], need: dict[str, int] | None = None,
                  claims: dict[str, int] | None = None):
         self.total, self.sizes, self.needs, self.cache = total, held, need or held, None
@@ -116,14 +114,17 @@ def test_an_engine_that_freed_less_than_it_seemed_to_hold_ends_in_the_same_refus
         c.get("new")  # 8 free + 4 seemed enough: a went, 10 free is not
 
 
-def test_free_memory_on_the_cpu_is_the_smaller_of_the_kernels_and_the_cgroups(monkeypatch):
-    from workbench import models
+def test_free_memory_on_the_cpu_is_the_smaller_of_the_kernels_and_the_cgroups(monkeypatch, tmp_path):
+    from engine import engine as engine_module
 
-    monkeypatch.setattr(models, "_meminfo_available", lambda: 100)
-    monkeypatch.setattr(models, "_cgroup_room", lambda: 60)
-    assert models.DeviceMemory("cpu", 4).free() == 60
-    monkeypatch.setattr(models, "_cgroup_room", lambda: None)
-    assert models.DeviceMemory("cpu", 4).free() == 100
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 1000 kB\nMemAvailable: 100 kB\n")
+    real_path = engine_module.Path
+    monkeypatch.setattr(engine_module, "Path", lambda p: real_path(meminfo) if p == "/proc/meminfo" else real_path(p))
+    monkeypatch.setattr(engine_module, "cgroup_room", lambda: 60 * 1024)
+    assert engine_module.available_memory() == 60 * 1024
+    monkeypatch.setattr(engine_module, "cgroup_room", lambda: None)
+    assert engine_module.available_memory() == 100 * 1024
 
 
 def test_a_models_need_is_its_weights_at_the_apps_dtype(tmp_path):
@@ -136,35 +137,29 @@ def test_a_models_need_is_its_weights_at_the_apps_dtype(tmp_path):
               str(tmp_path / "model.safetensors"))
     (tmp_path / "optimizer.pt").write_bytes(bytes(8000))  # not a weight file the loader reads
     save_file({"heads.0.weight": torch.zeros(4, 5, dtype=torch.float16)}, str(tmp_path / "medusa_heads.safetensors"))
-    assert DeviceMemory("cpu", 4).need(str(tmp_path)) == (300 + 30 + 20) * 4  # float32: 4 bytes an element
-    assert DeviceMemory("cpu", 2).need(str(tmp_path)) == (300 + 30 + 20) * 2
-    assert DeviceMemory("cpu", 2).need(str(tmp_path / "nope")) is None  # the loader names what is missing
+    assert DeviceMemory(lambda: None, 4).need(str(tmp_path)) == (300 + 30 + 20) * 4  # float32: 4 bytes an element
+    assert DeviceMemory(lambda: None, 2).need(str(tmp_path)) == (300 + 30 + 20) * 2
+    assert DeviceMemory(lambda: None, 2).need(str(tmp_path / "nope")) is None  # the loader names what is missing
     (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
-    assert DeviceMemory("cpu", 2).need(str(tmp_path)) is None
+    assert DeviceMemory(lambda: None, 2).need(str(tmp_path)) is None
     (tmp_path / "model.safetensors").unlink()
     (tmp_path / "pytorch_model.bin").write_bytes(bytes(4000))  # pickled: counted as half precision
-    assert DeviceMemory("cpu", 4).need(str(tmp_path)) == 8000 + 20 * 4
+    assert DeviceMemory(lambda: None, 4).need(str(tmp_path)) == 8000 + 20 * 4
 
 
 def test_the_demo_needs_what_its_engine_holds(demo_engine):
-    """On the real demo: the weights' need at float32 is what the loaded engine's weights hold (its
-    KV cache, once, comes on top)."""
+    """On the real demo: the weights' need at float32 is what the loaded engine's weights hold, and
+    what the engine holds is those plus its KV cache, counted once."""
     from workbench.models import DeviceMemory
 
-    memory = DeviceMemory("cpu", 4)
     demo_engine.generate("x = 1", 2)  # it has a KV cache
     weights = sum(p.numel() * p.element_size() for p in demo_engine.model.parameters())
     heads = sum(p.numel() * p.element_size() for p in demo_engine.heads.parameters())
-    assert memory.need("demo") == weights + heads
+    assert DeviceMemory(demo_engine.free_memory, 4).need("demo") == weights + heads
     cache = demo_engine.model.cache
     kv = cache.k.numel() * cache.k.element_size() * 2
-    assert weights + heads + kv <= memory.held(demo_engine) <= weights + heads + kv + 4096  # + rope tables
-
-
-def test_free_memory_is_read_from_the_system():
-    from workbench.models import DeviceMemory
-
-    assert DeviceMemory("cpu", 4).free() > 0  # Linux: MemAvailable (and the cgroup's room)
+    assert weights + heads + kv <= demo_engine.held_memory() <= weights + heads + kv + 4096  # + rope tables
+    assert demo_engine.free_memory() > 0
 
 
 def test_the_app_refuses_a_model_that_does_not_fit_its_free_memory(demo_engine, tmp_path, monkeypatch):
@@ -178,9 +173,9 @@ def test_the_app_refuses_a_model_that_does_not_fit_its_free_memory(demo_engine, 
     (big / "config.json").write_text("{}")
     save_file({"w": torch.zeros(1000, 1000)}, str(big / "model.safetensors"))
     loads = []
+    monkeypatch.setattr(demo_engine, "free_memory", lambda: 1_000_000)  # 4 MB of float32 weights need more
     wb = Workbench(demo_engine, tmp_path / "wb", loader=lambda name: loads.append(name) or demo_engine)
-    monkeypatch.setattr(models.DeviceMemory, "free", lambda self: 1_000_000)  # 4 MB of float32 weights need more
-    monkeypatch.setattr(models.DeviceMemory, "held", lambda self, engine: 0)
+    monkeypatch.setattr(models.DeviceMemory, "held", staticmethod(lambda engine: 0))
     with pytest.raises(UserError, match=f"'{big}' needs about 3.8 MiB for its weights and 1.0 MiB is free"):
         wb.engines.get(str(big))
     assert loads == []

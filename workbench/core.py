@@ -72,7 +72,7 @@ class Workbench:
     def __init__(self, engine: Engine, data_dir: Path, default_traces: Path | None = None,
                  loader: Callable[[str], Engine] | None = None, model: str | None = None, max_engines: int = 2):
         self.model = model or engine.name  # the model the app was started with
-        memory = DeviceMemory(engine.device, engine.model.embed_tokens.weight.element_size()) if loader else None
+        memory = DeviceMemory(engine.free_memory, engine.model.embed_tokens.weight.element_size()) if loader else None
         self.engines = Engines(loader or _no_loader, max_engines, memory)
         self.engines.add(self.model, engine)
         self.store = Store(data_dir)

@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
 from safetensors import SafetensorError, safe_open
 
 from engine import Engine, ModelLoadError
@@ -34,16 +33,18 @@ GIB = 2**30
 
 
 class DeviceMemory:
-    """The engine cache's view of memory on the device its models load on, with `itemsize` bytes per
-    weight (the app's dtype: every model of an app loads with the same options)."""
+    """The engine cache's view of memory on the device its models load on: what a model needs, with
+    `itemsize` bytes per weight (the app's dtype: every model of an app loads with the same options),
+    against what `free` says the device has (the started engine's `Engine.free_memory`)."""
 
-    def __init__(self, device: torch.device | str, itemsize: int):
-        self.device, self.itemsize = torch.device(device), itemsize
+    def __init__(self, free: Callable[[], int | None], itemsize: int):
+        self.free, self.itemsize = free, itemsize
 
     def need(self, name: str) -> int | None:
         """Bytes a model's weights take once loaded: their element count (from the safetensors
-        headers, the files the loader reads, heads included) times itemsize; a pickled .bin counts
-        its file's bytes as half-precision. None when the folder cannot be found (the loader says why)."""
+        headers of the files the loader reads, and of the heads file it would take) times itemsize;
+        a pickled .bin counts its file's bytes as half precision. None when the folder cannot be
+        found or read (the loader then says why)."""
         try:
             folder = resolve_model_dir(name)
             files = base_weight_files(folder)
@@ -65,52 +66,10 @@ class DeviceMemory:
         with safe_open(str(path), "pt") as f:
             return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys()) * self.itemsize
 
-    def free(self) -> int | None:
-        """Bytes free: CUDA's count plus what torch holds cached but unused; on the CPU the kernel's
-        MemAvailable, bounded by the cgroup's limit where one is set; None where unknown."""
-        if self.device.type == "cuda":
-            cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
-            return torch.cuda.mem_get_info(self.device)[0] + cached
-        available = _meminfo_available()
-        limit = _cgroup_room()
-        return available if limit is None else limit if available is None else min(available, limit)
-
     @staticmethod
     def held(engine: Engine) -> int:
-        """Bytes an engine's tensors hold: weights, heads and KV cache (a module of the model, so among
-        its buffers), each storage once (what letting it go frees)."""
-        tensors = [*engine.model.parameters(), *engine.model.buffers()]
-        if engine.heads is not None:
-            tensors += [*engine.heads.parameters(), *engine.heads.buffers()]
-        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-        return sum(storages.values())
-
-
-def _meminfo_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def _cgroup_room() -> int | None:
-    """This process's cgroup v2 memory limit less what it uses that the kernel cannot reclaim (its
-    usage less inactive file pages), or None without a limit."""
-    try:
-        group = Path("/proc/self/cgroup").read_text().split("0::", 1)[1].splitlines()[0].strip()
-        folder = Path("/sys/fs/cgroup") / group.lstrip("/")
-        limit = (folder / "memory.max").read_text().strip()
-        used = int((folder / "memory.current").read_text())
-        stat = dict(line.split() for line in (folder / "memory.stat").read_text().splitlines())
-    except (OSError, ValueError, IndexError):
-        return None
-    if limit == "max":
-        return None
-    return max(int(limit) - used + int(stat.get("inactive_file", 0)), 0)
+        """What letting an engine go frees (`Engine.held_memory`)."""
+        return engine.held_memory()
 
 
 def model_choices(given: str) -> list[str]:
@@ -198,9 +157,7 @@ class Engines:
             raise UserError(_no_memory(name, need, free, busy))
         while need > free and idle:
             del self._items[idle.pop(0)]
-            gc.collect()
-            if mem.device.type == "cuda":
-                torch.cuda.empty_cache()
+            gc.collect()  # its tensors go now (on CUDA into torch's cache, which `free` counts)
             free = mem.free() or 0
         if need > free:  # what the idle engines held did not come back
             raise UserError(_no_memory(name, need, free, busy))
