@@ -1,0 +1,98 @@
+"""Graphed greedy step times, for comparing two versions of the engine, or tree sizes, on one GPU
+(CUDA): `PYTHONPATH=. python3 benchmarks/step_ab.py --shapes demo,smollm2-135m,llama2-7b --label new
+[--sizes 16,32,64] [--min-split 256] [--no-attention]`.
+
+Run it once from each checkout (the other one copied beside the repo), in turn, in one device call:
+the numbers of two calls come from two machines. For each shape (random weights, `bench --part
+step`'s `random_pair`, fused kernels, triton attention) it prints one JSON line: the AR step and the
+tree steps of `--sizes` nodes besides the root (`bench.step.queued_ms`: 100 queued replays, best of
+three prefills) at a prefix of 256 (1,024 for the 7B/8B shapes), their ratios to AR, and the kernels
+of each replay with their GPU time by kind (`bench.step.kernel_breakdown`; the files
+`step_sizes_h100_2026-12-06.jsonl` and `attention_merge_ab_h100_2026-12-06.jsonl` hold only the AR's
+and the largest tree's: the script profiled those alone then).
+Then, unless `--no-attention`, the attention kernel alone at 7B heads (32 query heads, D 128, MHA
+and GQA 4:1) at T 1 / 16 / 64 over prefixes of 1,024 and 4,096, µs per call replayed from a CUDA
+graph (`bench.attention.graph_us`: the same K/V every call, so from L2 where it fits; a step reads
+each layer's from HBM). `--min-split` replaces the kernel's MIN_SPLIT before anything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+
+import torch
+
+import trees
+from engine.bench.attention import graph_us
+from engine.bench.step import HEAD_ACCURACY, kernel_breakdown, queued_ms, random_pair
+from engine.decode import prefill
+from engine.graphs import GREEDY, StepGraphs
+from engine.heads import MedusaHeads
+from engine.kernels import tree_attention as ta
+
+BIG = ("llama2-7b", "llama3-8b")
+
+
+def step_times(shape: str, label: str, sizes: list[int]) -> dict:
+    hf, model = random_pair(shape, "triton", fused=True)
+    heads = MedusaHeads(4, 1, hf.config.hidden_size, None).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        heads.weight.normal_(0, 0.01)
+    prefix = 1024 if shape in BIG else 256
+    prompt = torch.randint(0, hf.config.vocab_size, (prefix,)).tolist()
+    model.setup_cache(1, prefix + 1024)
+    graphs = StepGraphs(model)
+    rec = {"label": label, "shape": shape, "prefix": prefix}
+    runs = [("ar", None, None, None)]
+    for n in sizes:
+        tree = trees.best_tree_independent(HEAD_ACCURACY, n)
+        runs.append((f"tree_{n}", heads, trees.buffers(tree, topk=10).to("cuda"), StepGraphs.tree_key(tree)))
+    for name, h, buf, key in runs:
+        rec[f"{name}_ms"] = round(min(queued_ms(graphs, h, buf, key, prefill(model, h, [prompt], GREEDY, None), iters=100)
+                                      for _ in range(3)), 4)
+        state = prefill(model, h, [prompt], GREEDY, None)
+        rec[f"{name}_kernels"] = kernel_breakdown(lambda: graphs.step(h, buf, key, state))
+    for n in sizes:
+        rec[f"tree_{n}_over_ar"] = round(rec[f"tree_{n}_ms"] / rec["ar_ms"], 3)
+    return rec
+
+
+def attention_times(label: str) -> dict:
+    kept = "arrivals" in inspect.signature(ta.tree_attention).parameters  # the version before had none
+    rec = {"label": label, "part": "attention_us"}
+    for hkv in (32, 8):
+        for t in (1, 16, 64):
+            tree = [list(p) for p in trees.kary(4, 3)][: t - 1]
+            block = trees.buffers(tree).attn_mask if t > 1 else torch.ones(1, 1, dtype=torch.bool)
+            bits = trees.pack_mask_bits(block).cuda()
+            for L in (1024, 4096):
+                q = torch.randn(1, 32, t, 128, device="cuda", dtype=torch.bfloat16)
+                k = torch.randn(1, hkv, L + t, 128, device="cuda", dtype=torch.bfloat16)
+                v = torch.randn_like(k)
+                start = torch.tensor([L], device="cuda")
+                extra = {"arrivals": ta.arrival_counters(1, hkv, "cuda")} if kept else {}
+                rec[f"{hkv}/{t}/{L}"] = round(graph_us(lambda: ta.tree_attention(q, k, v, start, tree_bits=bits, **extra)), 2)
+    return rec
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="demo,smollm2-135m")
+    ap.add_argument("--label", default="")
+    ap.add_argument("--sizes", default="16,32,64", help="tree sizes, nodes besides the root")
+    ap.add_argument("--min-split", type=int, default=ta.MIN_SPLIT)
+    ap.add_argument("--no-attention", action="store_true")
+    a = ap.parse_args()
+    ta.MIN_SPLIT = a.min_split
+    print(json.dumps({"label": a.label, "device": torch.cuda.get_device_name(), "min_split": a.min_split}), flush=True)
+    if not a.no_attention:
+        print(json.dumps(attention_times(a.label)), flush=True)
+    for shape in a.shapes.split(","):
+        print(json.dumps(step_times(shape, a.label, [int(n) for n in a.sizes.split(",")])), flush=True)
+        torch.cuda.empty_cache()  # the shape's models went with step_times' frame
+
+
+if __name__ == "__main__":
+    main()
