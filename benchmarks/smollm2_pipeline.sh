@@ -10,6 +10,7 @@
 #   bash benchmarks/smollm2_pipeline.sh parity    bf16 greedy against transformers (runs beside `trees`)
 #   bash benchmarks/smollm2_pipeline.sh measure   MT-Bench with the shipped heads: replayed tokens/step per tree, e2e, peer
 #   bash benchmarks/smollm2_pipeline.sh speed     traced vs untraced, and the batch sweep (issue 27)
+#   bash benchmarks/smollm2_pipeline.sh tree63    63-node (64-token) against 64-node trees on MT-Bench (issue 27)
 # Device calls of the shipped heads (2026-12-05, benchmarks/README.md): the wheel's first half | its second
 # half + the distilled shards (6.3 MB) + import + train | trees and parity side by side + measure. (The
 # demo's 20 MB weights were moved out of the working tree for those calls, so a half fits beside the repo.)
@@ -116,6 +117,27 @@ trees)
   pack trees 'runs/tree_*.json'
   pack_parts traces_sharegpt runs/traces_sharegpt.jsonl
   ;;
+tree63)
+  # issue 27: a tree of 63 nodes (64 tokens with the root) against the shipped 64-node one (65 tokens) on
+  # MT-Bench. Past 64 tokens every per-token size of a step crosses 64 (the attention's row tiles, the greedy
+  # step's blocks, the mask's words, the GEMMs' M): `benchmarks/step_ab.py --sizes 63,64` measured the step,
+  # this the end to end.
+  # Both trees are optimised here from the same held-out traces, in the `trees` stage's way.
+  H=${HEADS:-$S/medusa_heads.safetensors}
+  rm -f "$R/traces_sharegpt.jsonl"
+  step traces-sharegpt python3 -m engine collect-traces $M --heads "$H" --prompts-file "$DATA/sharegpt_heldout.jsonl" \
+      --prompts "$TRACE_PROMPTS" --max-new-tokens "$TOKENS" --batch 16 --out "$R/traces_sharegpt.jsonl"
+  for n in 63 64; do
+    step "optimize-$n" python3 -m trees optimize --traces "$R/traces_sharegpt.jsonl" --nodes $n \
+        --name "smollm2_$n" --out "$R/tree_$n.json" --overwrite &
+  done
+  wait
+  pack tree63 'runs/tree_63.json' 'runs/tree_64.json'
+  step e2e-63-64 python3 -m engine bench --part e2e $M --heads "$H" --prompts-file "$DATA/mtbench.jsonl" \
+      --prompts "$MTBENCH_PROMPTS" --max-new-tokens "$TOKENS" --rounds "$ROUNDS" \
+      --trees "$R/tree_63.json,$R/tree_64.json,$S/medusa_choices.json" --no-transformers > "$R/smollm2_gpu_e2e_63_64.json"
+  pack tree63 'runs/tree_63.json' 'runs/tree_64.json' 'runs/smollm2_gpu_e2e_63_64.json'
+  ;;
 measure)
   # MT-Bench with the shipped heads and trees (models/smollm2-medusa/; HEADS and TREES override them):
   # AR traces replayed per tree (tokens/step), then our AR and every tree end to end, then the peer column
@@ -157,5 +179,5 @@ parity)
   pack parity 'runs/smollm2_gpu_parity_bf16.json'
   ;;
 *)
-  echo "usage: $0 import|distill|train|curve|trees|parity|measure|speed" >&2; exit 2 ;;
+  echo "usage: $0 import|distill|train|curve|trees|parity|measure|speed|tree63" >&2; exit 2 ;;
 esac
