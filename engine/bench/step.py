@@ -29,7 +29,9 @@ SHAPES = {
     "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0),
 }
-TREE_SIZES = (16, 32, 64)
+# 63 and 64 nodes: with the root, 64 and 65 tokens, on either side of 64, which every per-token size of the
+# step crosses (attention row tiles, the greedy step's blocks, mask words, GEMM rows; benchmarks/README.md)
+TREE_SIZES = (16, 32, 63, 64)
 HEAD_ACCURACY = [[0.6, 0.15, 0.08, 0.05, 0.03]] * 4  # shapes the benchmark trees (best-first under independence)
 
 
