@@ -44,7 +44,8 @@ def add_bench_arguments(p) -> None:
     p.add_argument("--no-transformers", action="store_true", help="e2e: leave out the transformers peer")
     p.add_argument("--traced", action="store_true", help="e2e: also time traced runs (what the workbench runs)")
     p.add_argument("--traces", default=None, help="latency/batch: AR traces for the trees (default: chains)")
-    p.add_argument("--sizes", type=_list, default=[4, 8, 12, 16, 24, 32, 48, 64], help="latency/batch: tree sizes")
+    p.add_argument("--sizes", type=_list, default=[4, 8, 12, 16, 24, 32, 48, 63, 64],
+                   help="latency/batch: tree sizes (63 and 64 both: past 64 tokens a GPU step costs more)")
     p.add_argument("--batches", type=_list, default=[1, 2, 4, 8], help="batch: batch sizes")
     p.add_argument("--shapes", default="llama2-7b,llama3-8b", help="step: model shapes (llama2-7b, llama3-8b, smollm2-135m, demo)")
     p.add_argument("--shape", default=None, help="e2e, batch: a random-weight model of this shape (llama2-7b, llama3-8b, "
