@@ -1,6 +1,6 @@
 """bench --part step (CUDA): one decoding step at the Llama-2-7B (MHA) and Llama-3-8B (GQA, 128k
 vocabulary) shapes, and at SmolLM2-135M's and the demo model's (30 and 5 thin layers: the launch-bound
-regime), with random bf16 weights: our AR step and tree steps of 16/32/64 nodes (forward, lm_head, greedy verification,
+regime), with random bf16 weights: our AR step and tree steps of 16/32/63/64 nodes (forward, lm_head, greedy verification,
 compaction, next heads) eager, replayed from a CUDA graph, and graphed with the fused kernels; against
 the weight-read floor and `transformers` generate on the same tensors. Our models are made by the
 engine's own factory (`loading.build_model` + `fill_model`)."""
@@ -29,8 +29,8 @@ SHAPES = {
     "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0),
 }
-# 63 and 64 nodes: with the root, 64 and 65 tokens, on either side of 64, which every per-token size of the
-# step crosses (attention row tiles, the greedy step's blocks, mask words, GEMM rows; benchmarks/README.md)
+# 63 and 64 nodes: with the root, 64 and 65 tokens; past 64 the tree block takes a second 64-key iteration and
+# mask word in the attention, and at MHA shapes a 128-row tile (benchmarks/README.md, "Past 64 tokens")
 TREE_SIZES = (16, 32, 63, 64)
 HEAD_ACCURACY = [[0.6, 0.15, 0.08, 0.05, 0.03]] * 4  # shapes the benchmark trees (best-first under independence)
 

@@ -19,7 +19,7 @@ from ..session import Session, Stopped, UserError, finite_number, user_message, 
 from ..store import StoreError
 
 # 63 and 64 both: on a GPU the 64-node step (65 tokens with the root) costs 5-6 % more than the 63-node one,
-# where the step's per-token sizes cross 64 (benchmarks/README.md), so the curve should show that edge
+# mostly in attention (benchmarks/README.md, "Past 64 tokens"), so the curve should show that edge
 SIZES = "4,8,12,16,24,32,48,63,64"
 MEASURE_PROMPTS, MEASURE_TOKENS = 4, 64  # a step-time curve needs a few short runs, not the whole set
 DEFAULT_BUDGET_S, MAX_BUDGET_S = 60, 1800
