@@ -19,11 +19,8 @@ import sys
 import torch
 from triton.runtime.errors import OutOfResources
 
-import trees
-from engine.bench.step import HEAD_ACCURACY, kernel_breakdown, queued_ms, random_pair
-from engine.decode import prefill
-from engine.graphs import GREEDY, StepGraphs
-from engine.heads import MedusaHeads
+from engine.bench.step import best_queued_ms, random_heads, random_pair, step_kernels, step_runs
+from engine.graphs import StepGraphs
 from engine.kernels import tree_attention as ta
 
 KERNEL = ta._tree_attn_split
@@ -34,14 +31,12 @@ def describe(cfg) -> str:
     return f"{cfg.kwargs['BLOCK_N']}/{cfg.num_warps}w/{cfg.num_stages}s"
 
 
-def measure(model, heads, runs, prompt, setting: dict) -> dict:
+def measure(model, runs, prompt, setting: dict) -> dict:
     graphs = StepGraphs(model)
     rec = dict(setting)
-    for name, h, buf, key in runs:
-        rec[f"{name}_ms"] = round(min(queued_ms(graphs, h, buf, key, prefill(model, h, [prompt], GREEDY, None), iters=60)
-                                      for _ in range(3)), 4)
-        state = prefill(model, h, [prompt], GREEDY, None)
-        rec[f"{name}_attention_ms"] = kernel_breakdown(lambda: graphs.step(h, buf, key, state))["by_kind"]["attention"]["ms"]
+    for run in runs:
+        rec[f"{run[0]}_ms"] = round(best_queued_ms(graphs, model, run, prompt, iters=60, tries=3), 4)
+        rec[f"{run[0]}_attention_ms"] = step_kernels(graphs, model, run, prompt)["by_kind"]["attention"]["ms"]
     rec["tree_64_over_ar"] = round(rec["tree_64_ms"] / rec["ar_ms"], 3)
     rec["chosen"] = {str(k): describe(c) for k, c in KERNEL.cache.items()}
     return rec
@@ -51,16 +46,11 @@ def main(shapes: list[str]) -> None:
     print(json.dumps({"device": torch.cuda.get_device_name()}), flush=True)
     for shape in shapes:
         hf, model = random_pair(shape, "triton", fused=True)
-        heads = MedusaHeads(4, 1, hf.config.hidden_size, None).to("cuda", torch.bfloat16)
-        with torch.no_grad():
-            heads.weight.normal_(0, 0.01)
+        heads = random_heads(hf.config.hidden_size)
         prefix = 1024 if shape.startswith("llama") else 256
         prompt = torch.randint(0, hf.config.vocab_size, (prefix,)).tolist()
         model.setup_cache(1, prefix + 1024)
-        runs = [("ar", None, None, None)]
-        for n in (16, 64):
-            tree = trees.best_tree_independent(HEAD_ACCURACY, n)
-            runs.append((f"tree_{n}", heads, trees.buffers(tree, topk=10).to("cuda"), StepGraphs.tree_key(tree)))
+        runs = step_runs(heads, (16, 64))
         settings = [({"config": "autotuned", "min_split": 256}, TUNED, 256)]
         settings += [({"config": describe(c), "min_split": 256}, [c], 256) for c in TUNED]
         settings.append(({"config": "autotuned", "min_split": 512}, TUNED, 512))
@@ -68,7 +58,7 @@ def main(shapes: list[str]) -> None:
             KERNEL.configs, ta.MIN_SPLIT = configs, min_split
             KERNEL.cache.clear()
             try:
-                rec = measure(model, heads, runs, prompt, setting)
+                rec = measure(model, runs, prompt, setting)
             except OutOfResources as e:  # the autotuner skips such a config; forced alone it cannot launch
                 rec = {**setting, "error": str(e).split(".")[0]}
             print(json.dumps({"shape": shape, "prefix": prefix, **rec}), flush=True)

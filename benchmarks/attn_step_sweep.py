@@ -16,11 +16,8 @@ import sys
 
 import torch
 
-import trees
-from engine.bench.step import HEAD_ACCURACY, queued_ms, random_pair
-from engine.decode import prefill
-from engine.graphs import GREEDY, StepGraphs
-from engine.heads import MedusaHeads
+from engine.bench.step import best_queued_ms, random_heads, random_pair, step_runs
+from engine.graphs import StepGraphs
 from engine.kernels import tree_attention as ta
 
 SETTINGS = ((256, 128), (128, 128), (64, 128), (128, 64), (64, 64), (64, 32))  # (MIN_SPLIT, row-tile cap)
@@ -34,11 +31,7 @@ def main(shapes: list[str]) -> None:
     default_rows, default_split = ta.block_rows, ta.MIN_SPLIT
     for shape in shapes:
         hf, model = random_pair(shape, "triton", fused=True)
-        heads = MedusaHeads(4, 1, hf.config.hidden_size, None).to("cuda", torch.bfloat16)
-        with torch.no_grad():
-            heads.weight.normal_(0, 0.01)
-        tree = trees.best_tree_independent(HEAD_ACCURACY, 64)
-        buf = trees.buffers(tree, topk=10).to("cuda")
+        runs = step_runs(random_heads(hf.config.hidden_size), (64,))
         for prefix in (256, 64):
             prompt = torch.randint(0, hf.config.vocab_size, (prefix,)).tolist()
             model.setup_cache(1, prefix + 1024)
@@ -46,9 +39,8 @@ def main(shapes: list[str]) -> None:
                 ta.MIN_SPLIT, ta.block_rows = min_split, capped(default_rows, cap)
                 graphs = StepGraphs(model)
                 rec = {"shape": shape, "prefix": prefix, "min_split": min_split, "row_cap": cap}
-                for name, h, b, key in (("ar_ms", None, None, None), ("tree_64_ms", heads, buf, StepGraphs.tree_key(tree))):
-                    rec[name] = round(min(queued_ms(graphs, h, b, key, prefill(model, h, [prompt], GREEDY, None), iters=100)
-                                          for _ in range(2)), 4)
+                for run in runs:
+                    rec[f"{run[0]}_ms"] = round(best_queued_ms(graphs, model, run, prompt, iters=100, tries=2), 4)
                 rec["tree_64_over_ar"] = round(rec["tree_64_ms"] / rec["ar_ms"], 3)
                 print(json.dumps(rec), flush=True)
             model.cache = None

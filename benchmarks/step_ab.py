@@ -26,10 +26,8 @@ import torch
 
 import trees
 from engine.bench.attention import graph_us
-from engine.bench.step import HEAD_ACCURACY, kernel_breakdown, queued_ms, random_pair
-from engine.decode import prefill
-from engine.graphs import GREEDY, StepGraphs
-from engine.heads import MedusaHeads
+from engine.bench.step import best_queued_ms, random_heads, random_pair, step_kernels, step_runs
+from engine.graphs import StepGraphs
 from engine.kernels import tree_attention as ta
 
 BIG = ("llama2-7b", "llama3-8b")
@@ -37,23 +35,15 @@ BIG = ("llama2-7b", "llama3-8b")
 
 def step_times(shape: str, label: str, sizes: list[int]) -> dict:
     hf, model = random_pair(shape, "triton", fused=True)
-    heads = MedusaHeads(4, 1, hf.config.hidden_size, None).to("cuda", torch.bfloat16)
-    with torch.no_grad():
-        heads.weight.normal_(0, 0.01)
+    heads = random_heads(hf.config.hidden_size)
     prefix = 1024 if shape in BIG else 256
     prompt = torch.randint(0, hf.config.vocab_size, (prefix,)).tolist()
     model.setup_cache(1, prefix + 1024)
     graphs = StepGraphs(model)
     rec = {"label": label, "shape": shape, "prefix": prefix}
-    runs = [("ar", None, None, None)]
-    for n in sizes:
-        tree = trees.best_tree_independent(HEAD_ACCURACY, n)
-        runs.append((f"tree_{n}", heads, trees.buffers(tree, topk=10).to("cuda"), StepGraphs.tree_key(tree)))
-    for name, h, buf, key in runs:
-        rec[f"{name}_ms"] = round(min(queued_ms(graphs, h, buf, key, prefill(model, h, [prompt], GREEDY, None), iters=100)
-                                      for _ in range(3)), 4)
-        state = prefill(model, h, [prompt], GREEDY, None)
-        rec[f"{name}_kernels"] = kernel_breakdown(lambda: graphs.step(h, buf, key, state))
+    for run in step_runs(heads, sizes):
+        rec[f"{run[0]}_ms"] = round(best_queued_ms(graphs, model, run, prompt, iters=100, tries=3), 4)
+        rec[f"{run[0]}_kernels"] = step_kernels(graphs, model, run, prompt)
     for n in sizes:
         rec[f"tree_{n}_over_ar"] = round(rec[f"tree_{n}_ms"] / rec["ar_ms"], 3)
     return rec

@@ -57,6 +57,41 @@ def random_pair(shape: str, backend: str, fused: bool, hf=None, skinny_gemm: boo
     return hf, ours
 
 
+def random_heads(dim: int) -> MedusaHeads:
+    """Four one-ResBlock heads with small random weights, bf16 on CUDA: the step benchmarks' stand-in
+    for trained heads (a step's time depends on their shapes, not on their accuracy)."""
+    import torch
+
+    heads = MedusaHeads(4, 1, dim, None).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        heads.weight.normal_(0, 0.01)
+    return heads
+
+
+def step_runs(heads: MedusaHeads, sizes) -> list[tuple]:
+    """The steps a step benchmark times: ("ar", None, None, None), then per size n ("tree_n", heads, the
+    tree's buffers on CUDA, its graph key), the trees shaped by HEAD_ACCURACY."""
+    runs = [("ar", None, None, None)]
+    for n in sizes:
+        tree = trees.best_tree_independent(HEAD_ACCURACY, n)
+        runs.append((f"tree_{n}", heads, trees.buffers(tree, topk=10).to("cuda"), StepGraphs.tree_key(tree)))
+    return runs
+
+
+def best_queued_ms(graphs: StepGraphs, model, run: tuple, prompt: list[int], iters: int, tries: int) -> float:
+    """The best of `tries` `queued_ms` timings of one of `step_runs`' steps, each from a fresh prefill."""
+    _, heads, buf, key = run
+    return min(queued_ms(graphs, heads, buf, key, prefill(model, heads, [prompt], GREEDY, None), iters=iters)
+               for _ in range(tries))
+
+
+def step_kernels(graphs: StepGraphs, model, run: tuple, prompt: list[int]) -> dict:
+    """`kernel_breakdown` of one of `step_runs`' steps replayed from its graph, after a fresh prefill."""
+    _, heads, buf, key = run
+    state = prefill(model, heads, [prompt], GREEDY, None)
+    return kernel_breakdown(lambda: graphs.step(heads, buf, key, state))
+
+
 def run_step(shapes: list[str], prefix: int, backend: str) -> dict:
     import torch
 
@@ -66,10 +101,7 @@ def run_step(shapes: list[str], prefix: int, backend: str) -> dict:
         hf, plain = random_pair(name, backend, fused=False)
         _, fused = random_pair(name, backend, fused=True, hf=hf)
         _, skinny = random_pair(name, backend, fused=True, hf=hf, skinny_gemm=True)
-        dim = hf.config.hidden_size
-        heads = MedusaHeads(4, 1, dim, None).to("cuda", torch.bfloat16)
-        with torch.no_grad():
-            heads.weight.normal_(0, 0.01)
+        heads = random_heads(hf.config.hidden_size)
         weight_bytes = sum(v.numel() * v.element_size() for k, v in hf.state_dict().items() if "embed_tokens" not in k)
         floor_ms = weight_bytes / bw * 1e3
         row = {"shape": name, "weight_GB": round(weight_bytes / 1e9, 2), "weight_floor_ms": round(floor_ms, 3)}
