@@ -207,11 +207,14 @@ def _sm_count(device) -> int:
 def block_rows(rows: int, dtype: torch.dtype) -> int:
     """Packed query rows per tile. Exact fp32 dots (the dtype the lossless tests use) run on FMA units,
     so their tiles stay at 16 rows (a 12-node fp32 demo tree step: 2.1 ms with 64-row tiles, 0.9 ms
-    with 16). bf16/fp16 tiles grow to 128 rows so a GQA tree (G x T = 256 rows at T = 64, G = 4)
-    re-reads the prefix twice, not four times."""
+    with 16). bf16/fp16 tiles grow to 64 rows: against 128, a 65-token tree step (64 nodes and the
+    root) got 3-5 % faster at the 7B, 8B, SmolLM2 and demo shapes and no step got slower by more than
+    0.13 % (one H100, `benchmarks/attn_step_sweep.py`, benchmarks/README.md "Row tiles of 64"). A
+    128-row tile of 65 rows computes 63 dead ones; what the extra 64-row blocks' second reads of the
+    prefix cost was not measured apart."""
     if dtype == torch.float32:
         return 16
-    return max(16, min(128, triton.next_power_of_2(rows)))
+    return max(16, min(64, triton.next_power_of_2(rows)))
 
 
 def split_count(batch: int, kv_heads: int, m_blocks: int, capacity: int, device) -> int:
