@@ -39,6 +39,7 @@ class DecodeState:
     host_lengths: list[int]  # the same on the host (bounds the attention span without a sync)
     root: torch.Tensor  # [B] long: each request's next token, already decided
     head_logits: torch.Tensor | None  # [B, K, V] the heads' view from the last committed token
+    hidden: torch.Tensor | None = None  # [B, d] prefill's hidden state at each prompt's last token (steps leave it)
 
     def copy_(self, other: DecodeState) -> None:
         """Take other's device tensors in place (a captured graph reads these addresses)."""
@@ -71,6 +72,7 @@ class StepTensors:
     heads: int  # K (0: no head top-k traced)
     topk: int
     traced: bool
+    hidden: torch.Tensor | None = None  # [B, d] an AR step's hidden state at its root (engine/head_trace.py)
 
 
 def choose_next(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> torch.Tensor:
@@ -100,10 +102,11 @@ def prefill(model: Transformer, heads: MedusaHeads | None, prompts: list[list[in
     lengths = torch.tensor(lens, device=dev)
     last = hidden[torch.arange(len(prompts), device=dev), lengths - 1]  # [B, d]
     logits = model.lm_head(last).float()
-    return DecodeState(lengths, lens, choose_next(logits, params, gen), _head_logits(heads, model, last))
+    return DecodeState(lengths, lens, choose_next(logits, params, gen), _head_logits(heads, model, last), last)
 
 
-def _micro(p: torch.Tensor) -> torch.Tensor:
+def micro(p: torch.Tensor) -> torch.Tensor:
+    """Probabilities as int64 millionths (how traces carry them)."""
     return (p * MICRO).round().long()
 
 
@@ -128,49 +131,50 @@ def trace_fields(logits: torch.Tensor, node_tokens: torch.Tensor, parent: torch.
     keep = rule.keep_prob(logits, argmax, node_tokens, par, params)
     none = torch.full_like(node_tokens, -1)
     is_root = parent[None] < 0
-    parts = [node_tokens, argmax, _micro((top - lse).exp()), torch.where(is_root, none, _micro(at_parent.exp())),
-             torch.where(is_root, none, _micro(keep))]
+    parts = [node_tokens, argmax, micro((top - lse).exp()), torch.where(is_root, none, micro(at_parent.exp())),
+             torch.where(is_root, none, micro(keep))]
     if head_logits is not None:
-        vals, ids = head_logits.topk(topk, dim=-1)
-        probs = (vals - head_logits.logsumexp(-1, keepdim=True)).exp()
-        parts += [ids.flatten(1), _micro(probs).flatten(1)]
+        parts += head_topk_fields(head_logits, topk)
     return torch.cat(parts, dim=1)
 
 
-def ar_forward(model: Transformer, heads: MedusaHeads | None, state: DecodeState, params, gen,
-               span: int | None = None, trace_topk: int = 0) -> StepTensors:
+def head_topk_fields(head_logits: torch.Tensor, topk: int) -> list[torch.Tensor]:
+    """[B, K, V] -> the trace's head fields: [B, K topk] token ids, then [B, K topk] probabilities in
+    millionths (each head's softmax at temperature 1), largest first."""
+    vals, ids = head_logits.topk(topk, dim=-1)
+    probs = (vals - head_logits.logsumexp(-1, keepdim=True)).exp()
+    return [ids.flatten(1), micro(probs).flatten(1)]
+
+
+def ar_forward(model: Transformer, state: DecodeState, params, gen, span: int | None = None,
+               trace_topk: int = 0) -> StepTensors:
     """Device work of an AR step (no host sync): updates state's tensors, not host_lengths.
-    trace_topk > 0 packs the step trace (with the heads' top-k when heads are given)."""
+    trace_topk > 0 packs the target's step trace. The heads never run here: a traced run that records
+    their top-k computes it from the returned hidden state, many steps at once (engine/head_trace.py)."""
     root = state.root
-    drafted_from = state.head_logits
     hidden = model(root[:, None], state.lengths[:, None], start=state.lengths,
                    span=span or max(state.host_lengths) + 1)[:, 0]
     logits = model.lm_head(hidden).float()  # [B, V]
-    # the heads only run when asked for (traces of AR runs feed head statistics)
-    state.head_logits = _head_logits(heads, model, hidden)
     state.lengths = state.lengths + 1
     state.root = choose_next(logits, params, gen)
     one = torch.ones_like(root)
     packed = torch.stack((one, torch.zeros_like(root), root), dim=1)
-    k = drafted_from.shape[1] if drafted_from is not None else 0
     if trace_topk:
-        packed = _ar_trace(model, packed, logits, root, drafted_from, trace_topk)
-    return StepTensors(packed, 1, k if trace_topk else 0, trace_topk, bool(trace_topk))
+        packed = _ar_trace(model, packed, logits, root, trace_topk)
+    return StepTensors(packed, 1, 0, trace_topk, bool(trace_topk), hidden)
 
 
 def _ar_trace(model: Transformer, packed: torch.Tensor, logits: torch.Tensor, root: torch.Tensor,
-              drafted_from: torch.Tensor | None, topk: int) -> torch.Tensor:
-    """An AR step's packed [B, 3] with its trace appended (a one-node tree: the root). On the fused
-    model the trace kernel writes it from one top-1 pass over the logits and the heads' top-k."""
+              topk: int) -> torch.Tensor:
+    """An AR step's packed [B, 3] with the target's trace appended (a one-node tree: the root). On
+    the fused model the trace kernel writes it from one top-1 pass over the logits."""
     parent = torch.full((1,), -1, dtype=torch.long, device=root.device)
     if not (model.fused and root.is_cuda and greedy_step.triton is not None):
-        return torch.cat((packed, trace_fields(logits[:, None], root[:, None], parent, drafted_from, topk)), 1)
-    heads = greedy_step.row_topk(drafted_from, topk) if drafted_from is not None else None
-    k = 0 if drafted_from is None else drafted_from.shape[1]
-    out = torch.empty(packed.shape[0], 3 + trace_width(1, k, topk), dtype=torch.long, device=root.device)
+        return torch.cat((packed, trace_fields(logits[:, None], root[:, None], parent, None, topk)), 1)
+    out = torch.empty(packed.shape[0], 3 + trace_width(1, 0, topk), dtype=torch.long, device=root.device)
     out[:, :3] = packed
     greedy_step.trace_fields(out[:, 3:], root[:, None], parent, logits[:, None], greedy_step.row_topk(logits[:, None], 1),
-                             heads, topk)
+                             None, topk)
     return out
 
 
@@ -266,9 +270,8 @@ def finish_step(state: DecodeState, st: StepTensors, rows: list[list[int]] | Non
 
 
 @torch.inference_mode()
-def ar_step(model: Transformer, heads: MedusaHeads | None, state: DecodeState, params, gen,
-            trace_topk: int = 0) -> list[StepEvent]:
-    return finish_step(state, ar_forward(model, heads, state, params, gen, trace_topk=trace_topk))
+def ar_step(model: Transformer, state: DecodeState, params, gen, trace_topk: int = 0) -> list[StepEvent]:
+    return finish_step(state, ar_forward(model, state, params, gen, trace_topk=trace_topk))
 
 
 @torch.inference_mode()

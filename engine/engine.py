@@ -18,6 +18,7 @@ from .decode import prefill
 from .detok import decode
 from .generation import GenerationConfig, GenerationError
 from .graphs import StepGraphs
+from .head_trace import HEAD_TRACE_STEPS, HeadTrace
 from .heads import MedusaHeads
 from .loading import (
     TREE_FILE,
@@ -311,13 +312,18 @@ class Engine:
         if rule.samples:
             gen = torch.Generator(device=self.device)
             gen.manual_seed(self.model.tp.shared_seed(cfg.seed if cfg.seed is not None else int(time.time_ns() % 2**31)))
-        # AR runs only run the heads when traced with the heads' top-k (it feeds the head statistics)
-        heads = self.heads if cfg.mode == "medusa" or (cfg.traced and cfg.trace_heads) else None
+        heads = self.heads if cfg.mode == "medusa" else None
         trace_topk = self.topk if cfg.traced else 0
-        if self.graphs is not None and StepGraphs.usable(self.model, rule, cfg.mode):
+        graphed = self.graphs is not None and StepGraphs.usable(self.model, rule, cfg.mode)
+        if graphed:
             runner = GraphRunner(self.graphs, heads, buf, choices, trace_topk)
         else:
             runner = EagerRunner(self.model, heads, buf, rule, params, gen, trace_topk)
+        # an AR trace with the heads' top-k (it feeds the head statistics) runs them outside the steps
+        head_trace = None
+        if cfg.mode == "ar" and cfg.traced and cfg.trace_heads and self.heads is not None:
+            head_trace = HeadTrace(self.heads, self.model.lm_head.weight, self.topk,
+                                   HEAD_TRACE_STEPS if graphed else 1, len(batch))
         trace = writer = None
         if cfg.traced:
             if cfg.trace_file:
@@ -342,7 +348,7 @@ class Engine:
             trace = TraceContext(choices or [], parent, self.token_text, batched=len(batch) > 1)
         requests = [Request(i, ids, self.tokenizer, cfg.max_new_tokens, self.eos_ids, cfg.stop_on_eos, cfg.text)
                     for i, ids in enumerate(batch)]
-        return Session(self.model, heads, requests, cfg, buf, choices, runner, trace, writer, gen)
+        return Session(self.model, heads, requests, cfg, buf, choices, runner, trace, writer, gen, head_trace)
 
     def stream(self, prompt_or_ids: str | Sequence[int], max_new_tokens: int | None = None,
                config: GenerationConfig | None = None, **fields) -> Iterator[StepEvent]:

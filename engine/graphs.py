@@ -5,10 +5,11 @@ the bottleneck (benchmarks/README.md). A captured step is the same kernels repla
 What is captured, per (tree, batch size, heads object, traced, span): `decode.tree_forward` /
 `decode.ar_forward` under greedy acceptance (draft from the heads' top-k, the forward over every
 node, verification, KV compaction, the next heads, the length update, and the step trace when
-traced), reading and writing static state tensors this module owns. Lengths come from device
-tensors, so one graph serves every prefix length: the triton kernel (and FlashAttention-4's, through
-seqused_k) sizes its work from them, and for the sdpa backend (which reads every slot it is given)
-graphs are captured per span bucket of SDPA_BUCKET slots. The host reads only the packed step after each replay, through one of two
+traced; an AR step never runs the heads, engine/head_trace.py), reading and writing static state
+tensors this module owns. Lengths come from device tensors, so one graph serves every prefix length:
+the triton kernel (and FlashAttention-4's, through seqused_k) sizes its work from them, and for the
+sdpa backend (which reads every slot it is given) graphs are captured per span bucket of
+SDPA_BUCKET slots. The host reads only the packed step after each replay, through one of two
 pinned buffers: `launch` queues a step and its copy without waiting, `collect` waits for that step
 alone, so the session can queue step N+1 before it reads step N (docs/algorithm.md).
 
@@ -55,6 +56,11 @@ class Pending:
     out: StepTensors
     host: torch.Tensor
     done: torch.cuda.Event
+
+    @property
+    def hidden(self) -> torch.Tensor | None:
+        """An AR step's hidden state (the graph's static output: read it before the next replay)."""
+        return self.out.hidden
 
 
 class StepGraphs:
@@ -108,7 +114,7 @@ class StepGraphs:
             self.pool = None
             self._cache_key = cache_key
         span = self.span(state, buf.num_nodes if buf is not None else 1, ahead)
-        # the heads object itself (None for AR without heads): a graph reads its weights by address, so
+        # the heads object itself (None for AR): a graph reads its weights by address, so
         # other heads need their own graph; the key also keeps them alive, so no address is ever reused
         key = (tree_key, state.root.shape[0], heads, trace_topk, span)
         g = self.graphs.get(key)
@@ -143,7 +149,7 @@ class StepGraphs:
                 out = tree_forward(self.model, heads, buf, work, RULES["greedy"], GREEDY, None, span=span,
                                    trace=bool(trace_topk))
             else:
-                out = ar_forward(self.model, heads, work, GREEDY, None, span=span, trace_topk=trace_topk)
+                out = ar_forward(self.model, work, GREEDY, None, span=span, trace_topk=trace_topk)
             static.copy_(work)
             return out
 

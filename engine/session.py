@@ -7,7 +7,9 @@
              overlaps the GPU's
   Request    one prompt's output: cuts at EOS and the token limit, text through the detokeniser
   trace      traced runs give each StepEvent the run's TraceContext and write its line
-             (engine/trace.py: the record and its JSON are one thing)
+             (engine/trace.py: the record and its JSON are one thing); a traced AR run's heads'
+             top-k is filled for a batch of steps at once (engine/head_trace.py), so on CUDA
+             graphs its steps reach the stream and the file 16 to 32 steps late
   StepClock  each step's wall time (`step_ms`), its forward included on every runner
 The first token is sampled only under a rule that samples (`sample`); greedy and typical start
 from the argmax. Requests that finish leave the batch once no step is in flight (docs/algorithm.md).
@@ -15,6 +17,7 @@ from the argmax. Requests that finish leave the batch once no step is in flight 
 
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 from collections.abc import Iterator
@@ -28,6 +31,7 @@ from .decode import DecodeState, ar_forward, finish_step, prefill, tree_forward
 from .detok import IncrementalDetokenizer
 from .generation import GenerationConfig
 from .graphs import StepGraphs
+from .head_trace import HeadTrace
 from .heads import MedusaHeads
 from .model import Transformer
 from .sampling import SamplingParams
@@ -82,8 +86,7 @@ class EagerRunner:
         if self.buf is not None:
             return tree_forward(self.model, self.heads, self.buf, state, self.rule, self.params, self.gen,
                                 trace=bool(self.trace_topk))
-        return ar_forward(self.model, self.heads, state, root_params(self.rule, self.params), self.gen,
-                          trace_topk=self.trace_topk)
+        return ar_forward(self.model, state, root_params(self.rule, self.params), self.gen, trace_topk=self.trace_topk)
 
     def collect(self, handle, state: DecodeState) -> list[StepEvent]:
         return finish_step(state, handle)
@@ -143,10 +146,12 @@ class Session:
 
     def __init__(self, model: Transformer, heads: MedusaHeads | None, requests: list[Request], cfg: GenerationConfig,
                  buf: TreeBuffers | None, choices: list[list[int]] | None, runner, trace: TraceContext | None,
-                 writer: TraceWriter | None, gen: torch.Generator | None):
+                 writer: TraceWriter | None, gen: torch.Generator | None, head_trace: HeadTrace | None = None):
         self.model, self.requests, self.cfg, self.buf, self.choices = model, requests, cfg, buf, choices
         self.runner, self.trace, self.writer, self.gen = runner, trace, writer, gen
         self.prefill_heads = heads
+        self.head_trace = head_trace  # a traced AR run's heads' top-k, filled in batches of steps
+        self.filled: collections.deque[list[StepEvent]] = collections.deque()  # steps filled, not yet handed out
         self.per_step = buf.depth + 1 if buf is not None else 1  # most tokens one step can commit
         self.clock = StepClock()
 
@@ -158,13 +163,16 @@ class Session:
             torch.cuda.synchronize(state.root.device)
         rows = list(range(len(self.requests)))  # the request of each batch row
         clock = self.clock
-        inflight = self._launch(state, rows)
+        if self.head_trace is not None:
+            self.head_trace.save(-1, state.hidden, rows)
+        launches = itertools.count()
+        inflight = self._launch(state, rows, next(launches))
         try:
             for step in itertools.count():
                 handle, rows, launched = inflight
                 inflight = None
                 if self.runner.ahead and not self._may_end(rows):  # queue step N+1 before reading step N
-                    inflight = self._launch(state, rows, self.per_step)
+                    inflight = self._launch(state, rows, next(launches), self.per_step)
                 prefix = list(state.host_lengths)
                 results = self.runner.collect(handle, state)
                 ms = clock.read(launched)
@@ -172,11 +180,11 @@ class Session:
                 # was known: its row of that step is dropped here
                 events = [self._event(step, self.requests[req], ev, prefix[row], ms)
                           for row, (req, ev) in enumerate(zip(rows, results)) if self.requests[req].finish is None]
-                if events:
-                    handed = clock.now()
-                    yield events
-                    clock.caller_took(clock.now() - handed)
                 live = [i for i, req in enumerate(rows) if self.requests[req].finish is None]
+                for ready in self._ready(step, events, last=not live):
+                    handed = clock.now()
+                    yield ready
+                    clock.caller_took(clock.now() - handed)
                 if not live:
                     return
                 if inflight is None:
@@ -184,15 +192,35 @@ class Session:
                         state.keep(live)
                         self.model.cache.keep_rows(torch.tensor(live, device=state.root.device))
                         rows = [rows[i] for i in live]
-                    inflight = self._launch(state, rows)
+                    inflight = self._launch(state, rows, next(launches))
         finally:
             if inflight is not None and hasattr(inflight[0], "done"):  # a step queued past the end
                 inflight[0].done.synchronize()
 
-    def _launch(self, state: DecodeState, rows: list[int], ahead: int = 0) -> tuple:
-        """Launch a step (the eager runner runs it here, forward included) -> (handle, rows, launch time)."""
+    def _launch(self, state: DecodeState, rows: list[int], step: int, ahead: int = 0) -> tuple:
+        """Launch step `step` (the eager runner runs it here, forward included) -> (handle, rows, launch time)."""
         launched = self.clock.now()
-        return self.runner.launch(state, ahead), rows, launched
+        handle = self.runner.launch(state, ahead)
+        if self.head_trace is not None:  # queued right behind the step, before a later step reuses its buffers
+            self.head_trace.save(step, handle.hidden, rows)
+        return handle, rows, launched
+
+    def _ready(self, step: int, events: list[StepEvent], last: bool) -> list[list[StepEvent]]:
+        """The steps' events to hand out now, in order, each written to the trace file as it goes:
+        this step's; or, when the heads' top-k is filled in batches of steps (`head_trace`), the
+        oldest step filled, one per step read (so the host's work per step stays spread over the
+        steps), and at the end every one."""
+        if self.head_trace is None:
+            ready = [events] if events else []
+        else:
+            self.filled.extend(self.head_trace.hold(step, events))
+            if last:
+                self.filled.extend(self.head_trace.finish())
+            ready = [self.filled.popleft() for _ in range(len(self.filled) if last else min(1, len(self.filled)))]
+        if self.writer is not None:
+            for ev in (ev for evs in ready for ev in evs):
+                self.writer.write(ev.trace)
+        return ready
 
     def close(self) -> None:
         if self.writer is not None:
@@ -210,7 +238,5 @@ class Session:
         ev.step, ev.prefix_len, ev.step_ms, ev.request = step, prefix_len, ms, req.index
         ev.done, ev.finish_reason = req.finish is not None, req.finish
         ev.context = self.trace
-        if self.writer is not None:
-            self.writer.write(ev.trace)
         return ev
 

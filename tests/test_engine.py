@@ -222,6 +222,55 @@ def test_an_ar_trace_runs_the_heads_only_when_their_top_k_is_asked_for(model_pai
     assert target_fields(with_heads.traces) == target_fields(target_only.traces)
 
 
+def heads_topk_at(eng, ids: list[int], topk: int) -> list[list[list[tuple[int, float]]]]:
+    """Per position of `ids`: each head's top-k (token, probability) from one forward over all of it."""
+    with torch.inference_mode():
+        hidden = eng.model(torch.tensor([ids]), torch.arange(len(ids)), start=0)[0]  # [n, d]
+        logits = eng.heads(hidden, eng.model.lm_head.weight).transpose(0, 1).float()  # [n, K, V]
+        vals, tok = logits.topk(topk, dim=-1)
+        probs = (vals - logits.logsumexp(-1, keepdim=True)).exp()
+    return [[list(zip(t, p)) for t, p in zip(tt.tolist(), pp.tolist())] for tt, pp in zip(tok, probs)]
+
+
+@pytest.mark.parametrize("every", [1, 4])
+def test_an_ar_trace_gets_each_steps_head_top_k_from_the_hidden_state_before_it(model_pair, monkeypatch, tmp_path,
+                                                                                 every):
+    """engine/head_trace.py: the heads run outside the steps, `every` steps at once (the engine's
+    choice is 1 eagerly, 16 on CUDA graphs). Step s of a request records the heads' top-k at the
+    token before it (the prompt's last for step 0), whichever batch of steps it was filled in, with
+    requests leaving the batch at different steps; the trace file holds the same lines in order."""
+    from engine.head_trace import HeadTrace
+
+    _, eng = model_pair
+    monkeypatch.setattr(engine.engine, "HeadTrace", lambda heads, w, topk, _every, batch: HeadTrace(heads, w, topk, every, batch))
+    prompts = [prompt(5), prompt(6, 4), prompt(7, 14)]
+    plain = eng.generate(prompts, 15, mode="ar", stop_on_eos=False)
+    # an end-of-sequence token that makes requests leave the batch at different steps, where the
+    # random model's outputs allow one (a tied layout may repeat one token everywhere)
+    def lengths_if_eos(tok):
+        return [r.token_ids.index(tok) + 1 if tok in r.token_ids else 15 for r in plain]
+
+    leaving = [tok for r in plain for tok in r.token_ids if len(set(lengths_if_eos(tok))) > 1]
+    eos = max(leaving, key=lambda tok: min(lengths_if_eos(tok)), default=None)  # the latest first exit
+    if eos is not None:
+        monkeypatch.setattr(eng, "eos_ids", {eos})
+    f = tmp_path / "t.jsonl"
+    runs = eng.generate(prompts, 15, mode="ar", trace=True, trace_file=str(f))
+    assert [r.new_tokens for r in runs] == (lengths_if_eos(eos) if eos is not None else [15] * 3)
+    lines = [json.loads(line) for line in f.read_text().splitlines()[1:]]
+    assert sorted(lines, key=lambda t: (t["request"], t["step"])) == \
+        [json.loads(json.dumps(t)) for r in runs for t in r.traces]
+    assert [t["step"] for t in lines] == sorted(t["step"] for t in lines)
+    for p, r in zip(prompts, runs):
+        want = heads_topk_at(eng, p + r.token_ids, eng.topk)
+        assert len(r.traces) == r.steps == r.new_tokens
+        for s, t in enumerate(r.traces):
+            got = [[(c["token"], c["prob"]) for c in h] for h in t["head_topk"]]
+            ref = want[len(p) + s - 1]
+            assert [[c[0] for c in h] for h in got] == [[c[0] for c in h] for h in ref], (s, every)
+            assert max(abs(a[1] - b[1]) for g, w in zip(got, ref) for a, b in zip(g, w)) <= 2e-6
+
+
 def documented_step_fields() -> set[str]:
     doc = (Path(__file__).resolve().parent.parent / "docs" / "trace-schema.md").read_text()
     table = doc.split("## Step", 1)[1]

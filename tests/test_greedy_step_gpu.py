@@ -57,6 +57,25 @@ def test_row_topk_matches_reference(outer, inner, vocab, dtype, k):
     torch.testing.assert_close(got.lse, want.lse, rtol=1e-5, atol=1e-5)
 
 
+def test_a_heads_pass_takes_the_fields_of_the_reference(monkeypatch):
+    """engine/head_trace.py's fused fields ([rows, K, V] bf16 logits as the heads give them ->
+    ids, then millionths) against decode.head_topk_fields in float32: ids where untied, the same
+    probability for every candidate, and the candidates head by head in the same order."""
+    from engine import head_trace
+
+    monkeypatch.setattr(head_trace, "fused", lambda x: True)  # on the interpreter too
+    g = gen_of("head pass")
+    logits = (torch.randn(4, 37, 5000, generator=g) * 4).to(BF16).to(DEV).transpose(0, 1)  # [rows, K, V]
+    trace = head_trace.HeadTrace.__new__(head_trace.HeadTrace)
+    trace.topk = 10
+    got = trace._fields(logits)
+    want = torch.cat(decode.head_topk_fields(logits.float(), 10), dim=1)
+    assert got.shape == want.shape == (37, 2 * 4 * 10)
+    ids, probs = got[:, :40].view(37, 4, 10), got[:, 40:].view(37, 4, 10)
+    assert torch.equal(logits.float().gather(2, ids), logits.float().gather(2, want[:, :40].view(37, 4, 10)))
+    assert (probs - want[:, 40:].view(37, 4, 10)).abs().max() <= micro_tolerance(logits.float())
+
+
 def micro_tolerance(*logits) -> float:
     """How far two float32 computations of exp(x - logsumexp) may differ, in millionths: their
     rounding (1) plus a few float32 ulps of the largest |logit| (an error in x - lse is a relative

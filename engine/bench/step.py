@@ -122,7 +122,7 @@ def run_step(shapes: list[str], prefix: int, backend: str) -> dict:
                         return graphs.step(heads if n else None, buf, tree_key, state)
                     if n:
                         return tree_step(model, heads, buf, state, RULES["greedy"], GREEDY, None)
-                    return ar_step(model, None, state, GREEDY, None)
+                    return ar_step(model, state, GREEDY, None)
 
                 row[f"{key}{variant}_ms"] = round(cuda_ms(step), 3)
                 if graphs is not None:

@@ -1,0 +1,158 @@
+"""The heads' top-k of a traced AR run, computed for many steps at once, off the step's path.
+
+An AR step's trace records what each Medusa head would draft after it (`head_topk`: the tree
+statistics and the head panel read it). Run inside the step, the heads cost every traced AR step
+their ResBlocks and a pass over the vocabulary per head, work the untraced step does not do: on the
+demo model on an H100 that made traced AR 1.4x slower than untraced (benchmarks/README.md, "Small
+shapes, traced decoding"). Here the step only hands back its hidden state, which is copied into a
+ring on the device, and every `every` steps one heads pass runs over all the states kept: one
+batched GEMM per ResBlock and one vocabulary projection for `every` steps. A traced AR step then runs
+the untraced step's kernels, its trace kernel and one copy.
+
+Nothing here waits for the GPU while steps are queued: a pass is queued behind the step in flight,
+its top-k travels to pinned host memory, and its steps are handed back once its event has passed
+(`hold` looks without waiting). The session hands those steps out one per step it reads, so the
+host's work per step (the trace line, the consumer's) still overlaps a queued step, as in an
+untraced run. With `every` > 1 a step therefore reaches the stream `every` to 2 x `every` steps after it
+ran: the engine uses 16 on CUDA graphs (5-10 ms at the demo's size, 0.1-0.2 s at the 7B shape) and 1
+for the eager runner (CPU, tensor parallelism), where the pass runs at once. A stream closed early hands out (and
+writes) only the steps handed out by then.
+
+Step s's head fields come from the hidden state before it (the prompt's last token for step 0), as
+when the step ran the heads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .decode import MICRO, head_topk_fields, micro
+from .heads import MedusaHeads
+from .kernels import greedy_step
+from .trace import StepEvent
+
+HEAD_TRACE_STEPS = 16  # steps per heads pass on CUDA graphs
+ROWS_PER_PASS = 64  # hidden states per heads call: bounds the [rows, K, V] float32 logits
+
+
+def fused(head_logits: torch.Tensor) -> bool:
+    """Whether a heads pass takes its top-k from greedy_step's kernels (CUDA, Triton installed)."""
+    return head_logits.is_cuda and greedy_step.triton is not None
+
+
+@dataclass
+class _Pass:
+    """One queued heads pass: the steps it fills, where each event's row is, and its results."""
+
+    steps: list[list[StepEvent]]
+    rows: list[int]  # per event, in order: its row of the pass's results
+    fields: torch.Tensor  # [rows, 2 K topk] ids then millionths (pinned host memory on CUDA)
+    done: torch.cuda.Event | None  # None: computed on the host, ready now
+
+
+class HeadTrace:
+    """The hidden states of a run's recent steps (a device ring), the steps waiting for their heads'
+    top-k and the pass in flight. Entries are indexed by step: -1 is the prefill, j AR step j's."""
+
+    def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, topk: int, every: int, batch: int):
+        if every < 1:
+            raise ValueError(f"every must be at least 1 step, not {every}")
+        self.heads, self.lm_head_weight, self.topk, self.every = heads, lm_head_weight, topk, every
+        # the waiting steps' `every` entries, the newest step's and one step queued ahead of it (made at
+        # the first save, the prefill's, which gives the hidden size)
+        self.slots, self.batch = every + 2, batch
+        self.ring: torch.Tensor | None = None
+        self.host = None
+        if lm_head_weight.is_cuda:  # one pass's results; a pass is read before the next one is queued
+            self.host = torch.empty(self.slots * batch, 2 * heads.num_heads * topk, dtype=torch.long, pin_memory=True)
+        self.first = -1  # the step whose entry is in slot 0
+        self.rows: list[list[int]] = []  # per slot: the request of each of its rows
+        self.waiting: list[tuple[int, list[StepEvent]]] = []  # (step, its events) not yet in a pass
+        self.flight: _Pass | None = None
+
+    def save(self, step: int, hidden: torch.Tensor, requests: list[int]) -> None:
+        """Keep step `step`'s hidden states [B, d] (one row per request in `requests`, kept as it is:
+        the session replaces its list of rows, never changes it): a device copy."""
+        if self.ring is None:
+            self.ring = torch.empty(self.slots, self.batch, hidden.shape[-1], device=hidden.device, dtype=hidden.dtype)
+            self.slot_views = list(self.ring)  # made once: a step's save is then one copy launch
+        slot = step - self.first
+        if slot != len(self.rows) or slot >= self.slots:
+            raise RuntimeError(f"step {step}'s hidden state saved out of order (slot {slot} of {len(self.rows)} kept)")
+        view = self.slot_views[slot]
+        (view if hidden.shape[0] == self.batch else view[: hidden.shape[0]]).copy_(hidden)
+        self.rows.append(requests)
+
+    def hold(self, step: int, events: list[StepEvent]) -> list[list[StepEvent]]:
+        """Take step `step`'s events; -> the steps whose fields are filled by now, in order, without
+        waiting for the GPU (unless a full batch of steps finds the previous pass still in flight)."""
+        if events:
+            self.waiting.append((step, events))
+        done = self._read(wait=False)
+        if len(self.waiting) >= self.every:
+            done += self._read(wait=True)
+            self._queue_pass()
+            done += self._read(wait=False)
+        return done
+
+    def finish(self) -> list[list[StepEvent]]:
+        """Every step not yet handed back, filled (waits for the GPU): the run has ended."""
+        done = self._read(wait=True)
+        self._queue_pass()
+        return done + self._read(wait=True)
+
+    @torch.inference_mode()
+    def _queue_pass(self) -> None:
+        """One heads pass over the entries the waiting steps need; then keep only the entries later
+        steps still need (the copy is queued behind the pass, so the pass reads them first)."""
+        if not self.waiting:
+            return
+        last = self.waiting[-1][0]
+        used = last - self.first  # slots 0 .. used - 1 hold the entries of steps first .. last - 1
+        batch = self.batch
+        fields = torch.cat([self._fields(self.heads(part, self.lm_head_weight).transpose(0, 1))
+                            for part in self.ring[:used].flatten(0, 1).split(ROWS_PER_PASS)])
+        rows = [(step - 1 - self.first) * batch + self.rows[step - 1 - self.first].index(ev.request)
+                for step, events in self.waiting for ev in events]
+        done = None
+        if self.host is not None:
+            host = self.host[: fields.shape[0]]
+            host.copy_(fields, non_blocking=True)
+            fields, done = host, torch.cuda.Event()
+            done.record()
+        self.flight = _Pass([events for _, events in self.waiting], rows, fields, done)
+        self.waiting = []
+        if used:
+            self.ring[: len(self.rows) - used].copy_(self.ring[used: len(self.rows)].clone())
+            self.rows, self.first = self.rows[used:], last
+
+    def _fields(self, head_logits: torch.Tensor) -> torch.Tensor:
+        """[rows, K, V] -> [rows, 2 K topk]: `decode.head_topk_fields`. On CUDA the top-k and
+        log-sum-exp are greedy_step.row_topk's two launches, on the logits in their own dtype: torch's
+        topk and logsumexp took 0.3 ms of host time a pass on an H100, which a demo-sized step cannot hide."""
+        if not fused(head_logits):
+            return torch.cat(head_topk_fields(head_logits.float(), self.topk), dim=1)
+        rows, k, _ = head_logits.shape
+        top = greedy_step.row_topk(head_logits, self.topk)  # rows r * K + h
+        probs = (top.values - top.lse[:, None]).exp()
+        return torch.cat((top.ids.view(rows, k * self.topk), micro(probs).view(rows, k * self.topk)), dim=1)
+
+    def _read(self, wait: bool) -> list[list[StepEvent]]:
+        """The pass in flight's steps, filled, if it has finished (or `wait`); else none."""
+        p = self.flight
+        if p is None or not (wait or p.done is None or p.done.query()):
+            return []
+        if p.done is not None:
+            p.done.synchronize()
+        self.flight = None
+        values = p.fields.tolist()
+        k, topk = self.heads.num_heads, self.topk
+        heads = [(h * topk, (h + 1) * topk, (k + h) * topk, (k + h + 1) * topk) for h in range(k)]
+        rows = iter(p.rows)
+        for events in p.steps:
+            for ev in events:
+                f = values[next(rows)]
+                ev.head_topk = [list(zip(f[a:b], [v / MICRO for v in f[c:d]])) for a, b, c, d in heads]
+        return p.steps
