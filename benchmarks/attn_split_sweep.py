@@ -21,7 +21,6 @@ SHAPES = [(hkv, t, L) for hkv in (32, 8) for t in (1, 16, 64) for L in (1024, 40
 
 
 def main() -> None:
-    default_rows = ta.block_rows
     inputs = {}
     for hkv, t, L in SHAPES:
         tree = [list(p) for p in trees.kary(4, 3)][: t - 1]
@@ -32,8 +31,7 @@ def main() -> None:
                              trees.pack_mask_bits(block).cuda())
     for fill, min_split, cap in itertools.chain(itertools.product((1, 2, 4, 8), (128, 256, 512), (128,)),
                                                 [(4, 256, 64), (2, 256, 64)]):
-        ta.SPLIT_FILL, ta.MIN_SPLIT = fill, min_split
-        ta.block_rows = lambda rows, dtype, cap=cap: min(cap, default_rows(rows, dtype))
+        ta.SPLIT_FILL, ta.MIN_SPLIT, ta.ROW_CAP = fill, min_split, cap
         ta._tree_attn_split.cache.clear()
         row = {"split_fill": fill, "min_split": min_split, "row_cap": cap}
         for (hkv, t, L), (q, k, v, start, bits) in inputs.items():

@@ -6,8 +6,9 @@ benchmarks/attn_step_sweep.py [--shapes demo,smollm2-135m] [--sizes 64] [--prefi
 does to the graphed, fused greedy step. For each shape (random weights, `bench --part step`'s
 `random_pair`), prefix and (MIN_SPLIT, row-tile cap) setting it prints one JSON line: the AR step and
 the tree steps of `--sizes` nodes (`bench.step.queued_ms`: 100 queued replays, best of two
-prefills) and their ratios to AR. A setting is applied by replacing the module's constant and its
-`block_rows` before the graphs are captured. The 7B question of 2026-12-07: `--shapes
+prefills) and their ratios to AR. A setting is applied by replacing the module's MIN_SPLIT and
+ROW_CAP before the graphs are captured (until 2026-12-06 by capping its `block_rows`, whose own cap
+was then 128). The 7B question of 2026-12-07: `--shapes
 llama2-7b,llama3-8b --sizes 63,64 --prefixes 1024 --settings 256:128,256:64` (does a 65-row block
 at D 128 pay for its 128-row tile?).
 """
@@ -26,12 +27,8 @@ from engine.kernels import tree_attention as ta
 SETTINGS = "256:128,128:128,64:128,128:64,64:64,64:32"  # MIN_SPLIT:row-tile cap
 
 
-def capped(default_rows, cap: int):
-    return lambda rows, dtype: min(cap, default_rows(rows, dtype))
-
-
 def main(shapes: list[str], sizes: list[int], prefixes: list[int], settings: list[tuple[int, int]]) -> None:
-    default_rows, default_split = ta.block_rows, ta.MIN_SPLIT
+    default_cap, default_split = ta.ROW_CAP, ta.MIN_SPLIT
     for shape in shapes:
         hf, model = random_pair(shape, "triton", fused=True)
         runs = step_runs(random_heads(hf.config.hidden_size), sizes)
@@ -39,7 +36,7 @@ def main(shapes: list[str], sizes: list[int], prefixes: list[int], settings: lis
             prompt = torch.randint(0, hf.config.vocab_size, (prefix,)).tolist()
             model.setup_cache(1, prefix + 1024)
             for min_split, cap in settings:
-                ta.MIN_SPLIT, ta.block_rows = min_split, capped(default_rows, cap)
+                ta.MIN_SPLIT, ta.ROW_CAP = min_split, cap
                 graphs = StepGraphs(model)
                 rec = {"shape": shape, "prefix": prefix, "min_split": min_split, "row_cap": cap}
                 for run in runs:
@@ -48,7 +45,7 @@ def main(shapes: list[str], sizes: list[int], prefixes: list[int], settings: lis
                     rec[f"tree_{n}_over_ar"] = round(rec[f"tree_{n}_ms"] / rec["ar_ms"], 3)
                 print(json.dumps(rec), flush=True)
             model.cache = None
-        ta.MIN_SPLIT, ta.block_rows = default_split, default_rows
+        ta.MIN_SPLIT, ta.ROW_CAP = default_split, default_cap
         hf = model = None
         torch.cuda.empty_cache()
 

@@ -4,7 +4,8 @@ An AR step's trace records what each Medusa head would draft after it (`head_top
 statistics and the head panel read it). Run inside the step, the heads cost every traced AR step
 their ResBlocks and a pass over the vocabulary per head, work the untraced step does not do: on the
 demo model on an H100 that made traced AR 1.4x slower than untraced (benchmarks/README.md, "Small
-shapes, traced decoding"). Here the step only hands back its hidden state, which is copied into a
+shapes, traced decoding"; there the run is bound by the host, and this design made it slower still:
+"Row tiles of 64; the heads of a traced AR run outside its steps"). Here the step only hands back its hidden state, which is copied into a
 ring on the device, and every `every` steps one heads pass runs over all the states kept: one
 batched GEMM per ResBlock and one vocabulary projection for `every` steps. A traced AR step then runs
 the untraced step's kernels, its trace kernel and one copy.
@@ -15,11 +16,14 @@ its top-k travels to pinned host memory, and its steps are handed back once its 
 host's work per step (the trace line, the consumer's) still overlaps a queued step, as in an
 untraced run. With `every` > 1 a step therefore reaches the stream `every` to 2 x `every` steps after it
 ran: the engine uses 16 on CUDA graphs (5-10 ms at the demo's size, 0.1-0.2 s at the 7B shape) and 1
-for the eager runner (CPU, tensor parallelism), where the pass runs at once. A stream closed early hands out (and
-writes) only the steps handed out by then.
+for the eager runner (on the CPU the pass runs at once; on CUDA, with tensor parallelism or a
+sampled AR run, a step is handed out a step late). A stream closed early hands out (and writes) only
+the steps handed out by then: a workbench job cut at its deadline drops those still waiting, though
+they ran (up to 32 steps).
 
 Step s's head fields come from the hidden state before it (the prompt's last token for step 0), as
-when the step ran the heads.
+when the step ran the heads. A pass's host time counts in the `step_ms` of the step read just before
+it (session.StepClock.extend).
 """
 
 from __future__ import annotations

@@ -140,6 +140,14 @@ class StepClock:
     def caller_took(self, seconds: float) -> None:
         self.paused += seconds
 
+    def extend(self) -> float:
+        """Milliseconds since the last read (less the caller's time), from now on counted in the step
+        just read: host work that follows a read and belongs to that step (a traced AR run's heads pass)."""
+        now = self.clock()
+        ms = (now - self.last_read - self.paused) * 1000
+        self.last_read, self.paused = now, 0.0
+        return ms
+
 
 class Session:
     """Decode a batch of prompts under one GenerationConfig. Built (and checked) by Engine.session."""
@@ -156,7 +164,8 @@ class Session:
         self.clock = StepClock()
 
     def run(self) -> Iterator[list[StepEvent]]:
-        """Yield, per step, the event of every request still running."""
+        """Yield, per step, the event of every request still running (a traced AR run's steps later,
+        one per step read, as their heads' top-k is filled: `_ready`)."""
         params = root_params(self.cfg.rule(), self.cfg.sampling())
         state = prefill(self.model, self.prefill_heads, [r.prompt for r in self.requests], params, self.gen)
         if state.root.device.type == "cuda":  # prefill's kernels end here, so the first step's time is its own
@@ -216,6 +225,9 @@ class Session:
             self.filled.extend(self.head_trace.hold(step, events))
             if last:
                 self.filled.extend(self.head_trace.finish())
+            spent = self.clock.extend()  # the heads pass, when one ran, is this step's work
+            for ev in events:
+                ev.step_ms += spent
             ready = [self.filled.popleft() for _ in range(len(self.filled) if last else min(1, len(self.filled)))]
         if self.writer is not None:
             for ev in (ev for evs in ready for ev in evs):

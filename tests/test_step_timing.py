@@ -4,6 +4,7 @@ where each step's time must contain its own forward (the eager runner once timed
 0.13 ms reported against 58.9 ms measured per AR step)."""
 
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -34,7 +35,7 @@ class TimedRunner:
     def launch(self, state: DecodeState, ahead: int = 0):
         self.clock.advance(self.launch_ms)
         self.launched += 1
-        return self.launched
+        return SimpleNamespace(hidden=None)
 
     def collect(self, handle, state: DecodeState) -> list[StepEvent]:
         self.clock.advance(self.read_ms)
@@ -42,14 +43,33 @@ class TimedRunner:
         return [StepEvent([7], [0]) for _ in state.host_lengths]
 
 
-def timed_run(eng, runner_of, caller_ms: float, tokens: int = 12):
-    """A session of the demo engine on a stepped clock, its runner replaced; the caller spends
-    caller_ms between steps. -> (step_ms of every step, clock time from first launch to last read,
-    the caller's total)."""
+class TimedHeadTrace:
+    """engine/head_trace.py's interface, filling every step at once with a pass that takes `pass_ms`."""
+
+    def __init__(self, clock: SteppedClock, pass_ms: float):
+        self.clock, self.pass_ms = clock, pass_ms
+
+    def save(self, step, hidden, requests) -> None:
+        pass
+
+    def hold(self, step, events):
+        self.clock.advance(self.pass_ms)
+        return [events] if events else []
+
+    def finish(self):
+        return []
+
+
+def timed_run(eng, runner_of, caller_ms: float, tokens: int = 12, pass_ms: float | None = None):
+    """A session of the demo engine on a stepped clock, its runner replaced (and with pass_ms, a
+    heads pass after every read); the caller spends caller_ms between steps. -> (step_ms of every
+    step, clock time from first launch to last read, the caller's total)."""
     clock = SteppedClock()
     session = eng.session(["def f(x):"], eng.config(tokens, mode="ar", trace=False))
     session.runner = runner_of(clock)
     session.clock = StepClock(clock)
+    if pass_ms is not None:
+        session.head_trace = TimedHeadTrace(clock, pass_ms)
     events, start, caller = [], None, 0.0
     for batch in session.run():
         if start is None:
@@ -75,6 +95,19 @@ def test_queued_steps_are_timed_from_the_previous_read(demo_engine):
     # 20 ms of waiting each, plus the 1 ms queueing of the step after it (the first also its own launch)
     assert len(ms) == 12 and all(20 - 1e-9 <= m <= 22 + 1e-9 for m in ms) and ms[0] == pytest.approx(22)
     assert sum(ms) == pytest.approx(total - caller)
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_heads_pass_counts_in_the_step_read_before_it(demo_engine, ahead):
+    """A traced AR run's heads pass runs after a step is read: its time is that step's, on both
+    runners, once (the eager runner once left it out of every step, the queued one put it in the next)."""
+    ms, total, caller = timed_run(demo_engine, lambda c: TimedRunner(c, launch_ms=30, read_ms=2, ahead=ahead),
+                                  caller_ms=500, pass_ms=7)
+    assert len(ms) == 12 and sum(ms) == pytest.approx(total - caller)
+    if not ahead:  # launch, read and the pass
+        assert ms == pytest.approx([39.0] * 12)
+    else:  # the wait, the pass, and the next step's queueing (the first also its own launch)
+        assert all(m >= 9 - 1e-9 for m in ms)
 
 
 def test_step_ms_contains_the_forward_against_the_wall_clock(demo_engine):

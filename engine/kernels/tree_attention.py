@@ -32,6 +32,7 @@ except ImportError:  # CPU-only installs: the reference below still works
 
 BLOCK_N = 64  # keys per inner iteration of the merge's split arithmetic (the split kernel tunes its own)
 MIN_SPLIT = 256  # fewest prefix keys worth a split of their own
+ROW_CAP = 64  # most packed query rows in a bf16/fp16 tile (block_rows)
 # a launch provides for SPLIT_FILL x the SM count programs at full capacity: 2 measured 8 % faster
 # (geometric mean over T 1-64, L 1k-32k, MHA and GQA) than 4 or 8, whose extra splits cost more in
 # partial outputs written and merged than they gain in parallelism (benchmarks/attn_split_sweep.py)
@@ -207,14 +208,15 @@ def _sm_count(device) -> int:
 def block_rows(rows: int, dtype: torch.dtype) -> int:
     """Packed query rows per tile. Exact fp32 dots (the dtype the lossless tests use) run on FMA units,
     so their tiles stay at 16 rows (a 12-node fp32 demo tree step: 2.1 ms with 64-row tiles, 0.9 ms
-    with 16). bf16/fp16 tiles grow to 64 rows: against 128, a 65-token tree step (64 nodes and the
-    root) got 3-5 % faster at the 7B, 8B, SmolLM2 and demo shapes and no step got slower by more than
-    0.13 % (one H100, `benchmarks/attn_step_sweep.py`, benchmarks/README.md "Row tiles of 64"). A
-    128-row tile of 65 rows computes 63 dead ones; what the extra 64-row blocks' second reads of the
-    prefix cost was not measured apart."""
+    with 16). bf16/fp16 tiles grow to ROW_CAP rows: with 64 against 128, a 65-token tree step (64
+    nodes and the root) got 3-5 % faster at the 7B, 8B, SmolLM2 and demo shapes and no step got
+    slower by more than 0.13 % (one H100, `benchmarks/attn_step_sweep.py`, benchmarks/README.md "Row
+    tiles of 64"). Why was not isolated: both tiles of a 65-row block compute 63 dead rows, but a
+    128-row tile holds twice the accumulator (128 x 128 fp32 at D 128) and 64-row tiles make twice
+    the programs."""
     if dtype == torch.float32:
         return 16
-    return max(16, min(64, triton.next_power_of_2(rows)))
+    return max(16, min(ROW_CAP, triton.next_power_of_2(rows)))
 
 
 def split_count(batch: int, kv_heads: int, m_blocks: int, capacity: int, device) -> int:
