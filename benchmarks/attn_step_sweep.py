@@ -8,9 +8,8 @@ does to the graphed, fused greedy step. For each shape (random weights, `bench -
 the tree steps of `--sizes` nodes (`bench.step.queued_ms`: 100 queued replays, best of two
 prefills) and their ratios to AR. A setting is applied by replacing the module's MIN_SPLIT and
 ROW_CAP before the graphs are captured (until 2026-12-06 by capping its `block_rows`, whose own cap
-was then 128). The 7B question of 2026-12-07: `--shapes
-llama2-7b,llama3-8b --sizes 63,64 --prefixes 1024 --settings 256:128,256:64` (does a 65-row block
-at D 128 pay for its 128-row tile?).
+was then 128). The question of 2026-12-06 (benchmarks/README.md, "Row tiles of 64"): `--shapes
+llama2-7b,llama3-8b,smollm2-135m,demo --sizes 16,32,63,64,128 --prefixes 1024 --settings 256:128,256:64`.
 """
 
 from __future__ import annotations

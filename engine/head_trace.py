@@ -5,9 +5,10 @@ statistics and the head panel read it). Run inside the step, the heads cost ever
 their ResBlocks and a pass over the vocabulary per head, work the untraced step does not do: on the
 demo model on an H100 that made traced AR 1.4x slower than untraced (benchmarks/README.md, "Small
 shapes, traced decoding"; there the run is bound by the host, and this design made it slower still:
-"Row tiles of 64; the heads of a traced AR run outside its steps"). Here the step only hands back its hidden state, which is copied into a
-ring on the device, and every `every` steps one heads pass runs over all the states kept: one
-batched GEMM per ResBlock and one vocabulary projection for `every` steps. A traced AR step then runs
+"Row tiles of 64; the heads of a traced AR run outside its steps"). Here the step only hands back
+its hidden state, which is copied into a ring on the device, and every `every` steps one heads pass
+runs over all the states kept: one batched GEMM per ResBlock and one vocabulary projection for
+`every` steps. A traced AR step then runs
 the untraced step's kernels, its trace kernel and one copy.
 
 Nothing here waits for the GPU while steps are queued: a pass is queued behind the step in flight,
@@ -68,6 +69,7 @@ class HeadTrace:
         # the first save, the prefill's, which gives the hidden size)
         self.slots, self.batch = every + 2, batch
         self.ring: torch.Tensor | None = None
+        self.slot_views: list[torch.Tensor] = []  # ring[slot] for each slot, made with the ring
         self.host = None
         if lm_head_weight.is_cuda:  # one pass's results; a pass is read before the next one is queued
             self.host = torch.empty(self.slots * batch, 2 * heads.num_heads * topk, dtype=torch.long, pin_memory=True)

@@ -30,7 +30,7 @@ SHAPES = {
                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0),
 }
 # 63 and 64 nodes: with the root, 64 and 65 tokens; past 64 the tree block takes a second 64-key iteration and
-# mask word in the attention, and at MHA shapes a 128-row tile (benchmarks/README.md, "Past 64 tokens")
+# mask word in the attention, and a second row tile at MHA shapes (benchmarks/README.md, "Past 64 tokens")
 TREE_SIZES = (16, 32, 63, 64)
 HEAD_ACCURACY = [[0.6, 0.15, 0.08, 0.05, 0.03]] * 4  # shapes the benchmark trees (best-first under independence)
 

@@ -18,8 +18,8 @@ from ..page import PRIVATE, Page
 from ..session import Session, Stopped, UserError, finite_number, user_message, whole_number
 from ..store import StoreError
 
-# 63 and 64 both: on a GPU the 64-node step (65 tokens with the root) costs 5-6 % more than the 63-node one,
-# mostly in attention (benchmarks/README.md, "Past 64 tokens"), so the curve should show that edge
+# 63 and 64 both: on a GPU the 64-node step (65 tokens with the root) costs 2-4 % more than the 63-node one,
+# mostly in attention (benchmarks/README.md, "Past 64 tokens", "Row tiles of 64"), so the curve should show that edge
 SIZES = "4,8,12,16,24,32,48,63,64"
 MEASURE_PROMPTS, MEASURE_TOKENS = 4, 64  # a step-time curve needs a few short runs, not the whole set
 DEFAULT_BUDGET_S, MAX_BUDGET_S = 60, 1800
