@@ -30,6 +30,7 @@ from trees import TreeBuffers
 from .accept import RULES, Rule
 from .attention import READS_LIVE_LENGTH
 from .decode import DecodeState, StepTensors, ar_forward, finish_step, tree_forward
+from .head_trace import CapturedPass
 from .heads import MedusaHeads
 from .model import Transformer
 from .sampling import SamplingParams
@@ -103,10 +104,11 @@ class StepGraphs:
 
     @torch.inference_mode()
     def launch(self, heads: MedusaHeads | None, buf: TreeBuffers | None, tree_key: tuple | None, state: DecodeState,
-               trace_topk: int = 0, ahead: int = 0) -> Pending:
+               trace_topk: int = 0, ahead: int = 0, ring: CapturedPass | None = None) -> Pending:
         """Queue one step and the copy of its packed result; returns at once. `state`'s device
         tensors become the graph's, so a second launch continues from this one without the host
-        (`ahead`: tokens the step still in flight may add, for the sdpa span). tree_key: `tree_key(choices)`."""
+        (`ahead`: tokens the step still in flight may add, for the sdpa span). tree_key: `tree_key(choices)`.
+        ring: an AR step writes its hidden state into it (a traced AR run's heads, engine/head_trace.py)."""
         cache = self.model.cache
         cache_key = (cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape))
         if cache_key != self._cache_key:  # their addresses are gone: drop the graphs and their memory
@@ -116,10 +118,10 @@ class StepGraphs:
         span = self.span(state, buf.num_nodes if buf is not None else 1, ahead)
         # the heads object itself (None for AR): a graph reads its weights by address, so
         # other heads need their own graph; the key also keeps them alive, so no address is ever reused
-        key = (tree_key, state.root.shape[0], heads, trace_topk, span)
+        key = (tree_key, state.root.shape[0], heads, trace_topk, span, ring)
         g = self.graphs.get(key)
         if g is None:
-            g = self.graphs[key] = self._capture(heads, buf, tree_key, state, trace_topk, span)
+            g = self.graphs[key] = self._capture(heads, buf, tree_key, state, trace_topk, span, ring)
         s = g.state
         if state.lengths is not s.lengths:  # the caller's state came from prefill or another graph
             s.copy_(state)
@@ -138,18 +140,21 @@ class StepGraphs:
         pending.done.synchronize()
         return finish_step(state, pending.out, pending.host.tolist())
 
-    def _capture(self, heads, buf, tree_key, state: DecodeState, trace_topk: int, span: int) -> _Captured:
+    def _capture(self, heads, buf, tree_key, state: DecodeState, trace_topk: int, span: int,
+                 ring: CapturedPass | None) -> _Captured:
         if buf is not None:
             buf = self.trees.setdefault(tree_key, buf)
         static = state.clone()
 
-        def body() -> StepTensors:
+        def body(capturing: bool) -> StepTensors:
             work = DecodeState(static.lengths, static.host_lengths, static.root, static.head_logits)
             if buf is not None:
                 out = tree_forward(self.model, heads, buf, work, RULES["greedy"], GREEDY, None, span=span,
                                    trace=bool(trace_topk))
             else:
                 out = ar_forward(self.model, work, GREEDY, None, span=span, trace_topk=trace_topk)
+                if ring is not None and capturing:  # a warm-up step must not move the ring's slot
+                    ring.write(out.hidden)
             static.copy_(work)
             return out
 
@@ -158,14 +163,14 @@ class StepGraphs:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(WARMUP_STEPS):
-                body()
+                body(capturing=False)
                 static.copy_(saved)
         torch.cuda.current_stream().wait_stream(side)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            out = body()
+            out = body(capturing=True)
         static.copy_(saved)
         self.captures += 1
         host = tuple(torch.empty(out.packed.shape, dtype=out.packed.dtype, pin_memory=True) for _ in range(2))

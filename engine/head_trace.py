@@ -6,10 +6,12 @@ their ResBlocks and a pass over the vocabulary per head, work the untraced step 
 demo model on an H100 that made traced AR 1.4x slower than untraced (benchmarks/README.md, "Small
 shapes, traced decoding"; there the run is bound by the host, and this design made it slower still:
 "Row tiles of 64; the heads of a traced AR run outside its steps"). Here the step only hands back
-its hidden state, which is copied into a ring on the device, and every `every` steps one heads pass
-runs over all the states kept: one batched GEMM per ResBlock and one vocabulary projection for
-`every` steps. A traced AR step then runs
-the untraced step's kernels, its trace kernel and one copy.
+its hidden state, which goes into a ring on the device, and every `every` steps one heads pass runs
+over all the states kept: one batched GEMM per ResBlock and one vocabulary projection for `every`
+steps. A traced AR step then runs the untraced step's kernels, its trace kernel and the hidden
+state's copy into the ring. On CUDA graphs (`PassGraphs`) that copy is captured in the step's graph
+(`CapturedPass.write`: it costs the host nothing at replay) and a full pass is one replay of its own graph: on the demo
+model the host is what a traced AR step waits for, and each launch counts.
 
 Nothing here waits for the GPU while steps are queued: a pass is queued behind the step in flight,
 its top-k travels to pinned host memory, and its steps are handed back once its event has passed
@@ -39,12 +41,100 @@ from .kernels import greedy_step
 from .trace import StepEvent
 
 HEAD_TRACE_STEPS = 16  # steps per heads pass on CUDA graphs
-ROWS_PER_PASS = 64  # hidden states per heads call: bounds the [rows, K, V] float32 logits
+ROWS_PER_PASS = 64  # hidden states per heads call: bounds the [rows, K, V] logits
+WARMUP_PASSES = 2  # eager passes on a side stream before a pass is captured (Triton compiles, cuBLAS picks)
 
 
 def fused(head_logits: torch.Tensor) -> bool:
     """Whether a heads pass takes its top-k from greedy_step's kernels (CUDA, Triton installed)."""
     return head_logits.is_cuda and greedy_step.triton is not None
+
+
+def topk_fields(head_logits: torch.Tensor, topk: int) -> torch.Tensor:
+    """[rows, K, V] -> [rows, 2 K topk]: `decode.head_topk_fields`. On CUDA the top-k and log-sum-exp
+    are greedy_step.row_topk's two launches, on the logits in their own dtype: torch's topk and
+    logsumexp took 0.3 ms of host time a pass on an H100, which a demo-sized step cannot hide."""
+    if not fused(head_logits):
+        return torch.cat(head_topk_fields(head_logits.float(), topk), dim=1)
+    rows, k, _ = head_logits.shape
+    top = greedy_step.row_topk(head_logits, topk)  # rows r * K + h
+    probs = (top.values - top.lse[:, None]).exp()
+    return torch.cat((top.ids.view(rows, k * topk), micro(probs).view(rows, k * topk)), dim=1)
+
+
+def pass_fields(heads: MedusaHeads, lm_head_weight: torch.Tensor, topk: int, hidden: torch.Tensor) -> torch.Tensor:
+    """One heads pass: hidden states [rows, d] -> their heads' top-k fields [rows, 2 K topk]."""
+    return torch.cat([topk_fields(heads(part, lm_head_weight).transpose(0, 1), topk)
+                      for part in hidden.split(ROWS_PER_PASS)])
+
+
+def new_ring(slots: int, batch: int, dim: int, like: torch.Tensor) -> torch.Tensor:
+    """[slots, batch, dim] on `like`'s device and in its dtype, a normal tensor even when made in
+    inference mode: the saves of a run outside inference mode write into it."""
+    with torch.inference_mode(False):
+        return torch.zeros(slots, batch, dim, device=like.device, dtype=like.dtype)
+
+
+@dataclass(eq=False)  # hashed by identity: a step graph's key holds it
+class CapturedPass:
+    """A full heads pass (`every` slots of `batch` rows) as a CUDA graph, with the ring it reads and
+    the pinned memory its results travel to."""
+
+    ring: torch.Tensor  # [every + 2, batch, d]
+    slot: torch.Tensor  # [1] long: the slot the next graphed AR step writes its hidden state into
+    graph: torch.cuda.CUDAGraph
+    out: torch.Tensor  # [every * batch, 2 K topk]: the fields of the last replay
+    host: torch.Tensor  # [(every + 2) * batch, 2 K topk] pinned
+
+    def write(self, hidden: torch.Tensor) -> None:
+        """Captured in an AR step's graph: its hidden states [B, d] into the ring's next slot. A copy
+        launched per step cost the host about as much as the step's trace line."""
+        self.ring[:, : hidden.shape[0]].index_copy_(0, self.slot, hidden[None])
+        self.slot.add_(1)
+
+
+class PassGraphs:
+    """Full heads passes captured as CUDA graphs, one per (heads, top-k, every, batch size); Engine
+    owns one when its steps run on CUDA graphs. Launched eagerly, a pass is some 25 kernels: on the
+    demo model on an H100 their host time was most of what a traced AR step cost beyond an untraced one
+    (benchmarks/README.md). A graph reads its ring by address, so the ring lives here and the runs
+    share it, one after another (an Engine runs one at a time)."""
+
+    def __init__(self):
+        self.passes: dict[tuple, CapturedPass] = {}
+        self.pool = None
+        self.captures = 0  # tests read it
+
+    def get(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, topk: int, every: int, batch: int) -> CapturedPass:
+        # the heads object itself: the graph reads its weights by address, and the key keeps them alive
+        key = (heads, lm_head_weight.data_ptr(), topk, every, batch)
+        if key not in self.passes:
+            ring = new_ring(every + 2, batch, lm_head_weight.shape[1], lm_head_weight)
+            self.passes[key] = self._capture(heads, lm_head_weight, topk, ring)
+        return self.passes[key]
+
+    @torch.inference_mode()
+    def _capture(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, topk: int, ring: torch.Tensor) -> CapturedPass:
+        every, batch = ring.shape[0] - 2, ring.shape[1]
+        rows = ring[:every].flatten(0, 1)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_PASSES):
+                pass_fields(heads, lm_head_weight, topk, rows)
+        torch.cuda.current_stream().wait_stream(side)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = pass_fields(heads, lm_head_weight, topk, rows)
+        self.captures += 1
+        host = torch.empty(ring.shape[0] * batch, out.shape[1], dtype=out.dtype, pin_memory=True)
+        with torch.inference_mode(False):
+            slot = torch.zeros(1, dtype=torch.long, device=ring.device)
+        return CapturedPass(ring, slot, graph, out, host)
+
+
 
 
 @dataclass
@@ -59,19 +149,24 @@ class _Pass:
 
 class HeadTrace:
     """The hidden states of a run's recent steps (a device ring), the steps waiting for their heads'
-    top-k and the pass in flight. Entries are indexed by step: -1 is the prefill, j AR step j's."""
+    top-k and the pass in flight. Entries are indexed by step: -1 is the prefill, j AR step j's.
+    With `graphs` (CUDA graphs) a full pass is one replay and the ring is the captured pass's."""
 
-    def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, topk: int, every: int, batch: int):
+    def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, topk: int, every: int, batch: int,
+                 graphs: PassGraphs | None = None):
         if every < 1:
             raise ValueError(f"every must be at least 1 step, not {every}")
         self.heads, self.lm_head_weight, self.topk, self.every = heads, lm_head_weight, topk, every
-        # the waiting steps' `every` entries, the newest step's and one step queued ahead of it (made at
-        # the first save, the prefill's, which gives the hidden size)
+        # the waiting steps' `every` entries, the newest step's and one step queued ahead of it
         self.slots, self.batch = every + 2, batch
-        self.ring: torch.Tensor | None = None
+        self.captured = graphs.get(heads, lm_head_weight, topk, every, batch) if graphs is not None else None
+        self.ring: torch.Tensor | None = None  # made at the first save (the prefill's gives the hidden size)
         self.slot_views: list[torch.Tensor] = []  # ring[slot] for each slot, made with the ring
-        self.host = None
-        if lm_head_weight.is_cuda:  # one pass's results; a pass is read before the next one is queued
+        self.host = None  # one pass's results; a pass is read before the next one is queued
+        if self.captured is not None:
+            self.ring, self.host = self.captured.ring, self.captured.host
+            self.slot_views = list(self.ring)
+        elif lm_head_weight.is_cuda:
             self.host = torch.empty(self.slots * batch, 2 * heads.num_heads * topk, dtype=torch.long, pin_memory=True)
         self.first = -1  # the step whose entry is in slot 0
         self.rows: list[list[int]] = []  # per slot: the request of each of its rows
@@ -82,13 +177,16 @@ class HeadTrace:
         """Keep step `step`'s hidden states [B, d] (one row per request in `requests`, kept as it is:
         the session replaces its list of rows, never changes it): a device copy."""
         if self.ring is None:
-            self.ring = torch.empty(self.slots, self.batch, hidden.shape[-1], device=hidden.device, dtype=hidden.dtype)
+            self.ring = new_ring(self.slots, self.batch, hidden.shape[-1], hidden)
             self.slot_views = list(self.ring)  # made once: a step's save is then one copy launch
         slot = step - self.first
         if slot != len(self.rows) or slot >= self.slots:
             raise RuntimeError(f"step {step}'s hidden state saved out of order (slot {slot} of {len(self.rows)} kept)")
-        view = self.slot_views[slot]
-        (view if hidden.shape[0] == self.batch else view[: hidden.shape[0]]).copy_(hidden)
+        if self.captured is None or step < 0:  # a captured AR step wrote its own (CapturedPass.write)
+            view = self.slot_views[slot]
+            (view if hidden.shape[0] == self.batch else view[: hidden.shape[0]]).copy_(hidden)
+            if self.captured is not None:
+                self.captured.slot.fill_(1)
         self.rows.append(requests)
 
     def hold(self, step: int, events: list[StepEvent]) -> list[list[StepEvent]]:
@@ -117,9 +215,12 @@ class HeadTrace:
             return
         last = self.waiting[-1][0]
         used = last - self.first  # slots 0 .. used - 1 hold the entries of steps first .. last - 1
+        if self.captured is not None and used == self.every:
+            self.captured.graph.replay()
+            fields = self.captured.out
+        else:
+            fields = pass_fields(self.heads, self.lm_head_weight, self.topk, self.ring[:used].flatten(0, 1))
         batch = self.batch
-        fields = torch.cat([self._fields(self.heads(part, self.lm_head_weight).transpose(0, 1))
-                            for part in self.ring[:used].flatten(0, 1).split(ROWS_PER_PASS)])
         rows = [(step - 1 - self.first) * batch + self.rows[step - 1 - self.first].index(ev.request)
                 for step, events in self.waiting for ev in events]
         done = None
@@ -131,19 +232,12 @@ class HeadTrace:
         self.flight = _Pass([events for _, events in self.waiting], rows, fields, done)
         self.waiting = []
         if used:
-            self.ring[: len(self.rows) - used].copy_(self.ring[used: len(self.rows)].clone())
+            kept = len(self.rows) - used
+            src = self.ring[used: used + kept]
+            self.ring[:kept].copy_(src if kept <= used else src.clone())  # a clone only where they overlap
             self.rows, self.first = self.rows[used:], last
-
-    def _fields(self, head_logits: torch.Tensor) -> torch.Tensor:
-        """[rows, K, V] -> [rows, 2 K topk]: `decode.head_topk_fields`. On CUDA the top-k and
-        log-sum-exp are greedy_step.row_topk's two launches, on the logits in their own dtype: torch's
-        topk and logsumexp took 0.3 ms of host time a pass on an H100, which a demo-sized step cannot hide."""
-        if not fused(head_logits):
-            return torch.cat(head_topk_fields(head_logits.float(), self.topk), dim=1)
-        rows, k, _ = head_logits.shape
-        top = greedy_step.row_topk(head_logits, self.topk)  # rows r * K + h
-        probs = (top.values - top.lse[:, None]).exp()
-        return torch.cat((top.ids.view(rows, k * self.topk), micro(probs).view(rows, k * self.topk)), dim=1)
+            if self.captured is not None:
+                self.captured.slot.fill_(kept)
 
     def _read(self, wait: bool) -> list[list[StepEvent]]:
         """The pass in flight's steps, filled, if it has finished (or `wait`); else none."""
@@ -154,11 +248,12 @@ class HeadTrace:
             p.done.synchronize()
         self.flight = None
         values = p.fields.tolist()
-        k, topk = self.heads.num_heads, self.topk
-        heads = [(h * topk, (h + 1) * topk, (k + h) * topk, (k + h + 1) * topk) for h in range(k)]
+        n, topk = self.heads.num_heads * self.topk, self.topk
+        spans = [(a, a + topk) for a in range(0, n, topk)]
         rows = iter(p.rows)
         for events in p.steps:
             for ev in events:
                 f = values[next(rows)]
-                ev.head_topk = [list(zip(f[a:b], [v / MICRO for v in f[c:d]])) for a, b, c, d in heads]
+                ids, probs = f[:n], [v / MICRO for v in f[n:]]
+                ev.head_topk = [list(zip(ids[a:b], probs[a:b])) for a, b in spans]
         return p.steps

@@ -64,6 +64,43 @@ def test_graphed_traces_equal_eager_traces(eager):
     assert not any("head_topk" in t for t in a + b)
 
 
+@QUICK
+def test_traced_ar_heads_passes_replayed_from_a_graph_equal_eager_ones(eager):
+    """On graphs a traced AR run's full heads passes (16 steps) replay one captured graph per batch
+    size (engine/head_trace.py, PassGraphs), which reads a ring kept from run to run: a batch whose
+    requests leave at different steps records the eager run's heads' top-k at every step, and so do
+    a second run and a run after a stream closed with steps still waiting for their pass."""
+    eng = engine.load("demo", device="cuda", dtype="float32", backend="triton")
+    batch = heldout_prompts(3)
+    full = [eager.generate(p, 70, mode="ar", stop_on_eos=False).token_ids for p in batch]
+    stop = full[0][len(full[0]) // 2]  # ends request 0 midway, the others wherever it occurs
+    saved = eager.eos_ids
+    eager.eos_ids, eng.eos_ids = {stop}, {stop}
+
+    def heads_of(runs):
+        return [[[[(c["token"], c["prob"]) for c in h] for h in t["head_topk"]] for t in r.traces] for r in runs]
+
+    def assert_same(got, want):
+        ids = [[[[c[0] for c in h] for h in s] for s in r] for r in got]
+        assert ids == [[[[c[0] for c in h] for h in s] for s in r] for r in want]
+        assert max(abs(a[1] - b[1]) for g, w in zip(got, want) for gs, ws in zip(g, w)
+                   for gh, wh in zip(gs, ws) for a, b in zip(gh, wh)) <= 1e-5  # float32 GEMMs of 1 and 48 rows
+
+    try:
+        want = heads_of(eager.generate(batch, 70, mode="ar", trace=True))
+        assert len({len(w) for w in want}) > 1 and max(map(len, want)) > 32  # several full passes, and a partial one
+        for _ in range(2):
+            assert_same(heads_of(eng.generate(batch, 70, mode="ar", trace=True)), want)
+            assert eng.head_passes.captures == 1  # one batch size: captured once, replayed since
+        for i, _ in enumerate(eng.stream(batch[1], 70, mode="ar", trace=True)):
+            if i == 20:  # closed with steps still waiting for their pass
+                break
+        assert_same(heads_of([eng.generate(batch[2], 70, mode="ar", trace=True)]),
+                    heads_of([eager.generate(batch[2], 70, mode="ar", trace=True)]))
+    finally:
+        eager.eos_ids = eng.eos_ids = saved
+
+
 def test_non_greedy_rules_run_eagerly_with_graphs_on():
     eng = engine.load("demo", device="cuda", dtype="float32", backend="triton")
     ref = engine.load("demo", device="cuda", dtype="float32", backend="triton", cuda_graphs=False)

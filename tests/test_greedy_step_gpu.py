@@ -66,9 +66,7 @@ def test_a_heads_pass_takes_the_fields_of_the_reference(monkeypatch):
     monkeypatch.setattr(head_trace, "fused", lambda x: True)  # on the interpreter too
     g = gen_of("head pass")
     logits = (torch.randn(4, 37, 5000, generator=g) * 4).to(BF16).to(DEV).transpose(0, 1)  # [rows, K, V]
-    trace = head_trace.HeadTrace.__new__(head_trace.HeadTrace)
-    trace.topk = 10
-    got = trace._fields(logits)
+    got = head_trace.topk_fields(logits, 10)
     want = torch.cat(decode.head_topk_fields(logits.float(), 10), dim=1)
     assert got.shape == want.shape == (37, 2 * 4 * 10)
     ids, probs = got[:, :40].view(37, 4, 10), got[:, 40:].view(37, 4, 10)
