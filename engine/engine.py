@@ -124,7 +124,7 @@ class Engine:
             raise ModelLoadError("cuda_graphs needs a CUDA device")
         # greedy steps replay captured CUDA graphs (engine/graphs.py)
         self.graphs = StepGraphs(model) if cuda_graphs else None
-        self.head_passes = PassGraphs() if cuda_graphs else None  # a traced AR run's heads passes, captured
+        self.head_passes = PassGraphs() if cuda_graphs else None  # a traced AR run's heads passes and their ring
         self.name, self.heads_source = name, heads_source
         self.args = model.args
         context = self.args.max_position_embeddings
@@ -139,7 +139,7 @@ class Engine:
             eos.add(tokenizer.eos_token_id)
         self.eos_ids = eos
         self.default_tree = default_tree if default_tree is not None else self._fallback_tree()
-        self._token_text = TokenTexts(tokenizer)
+        self._token_text: dict[int, str] = {}
         self._turn = threading.Lock()  # held by the run in progress (see the class docstring)
         self._holder: int | None = None  # the thread that took it
 
@@ -205,7 +205,11 @@ class Engine:
 
     def token_text(self, token: int) -> str:
         """One token's text (cached: traces name hundreds of tokens per step)."""
-        return self._token_text[token]
+        text = self._token_text.get(token)
+        if text is None:
+            text = decode(self.tokenizer, [token], skip_special_tokens=False) if self.tokenizer is not None else f"<{token}>"
+            self._token_text[token] = text
+        return text
 
     def text_of(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:
@@ -317,8 +321,8 @@ class Engine:
         if cfg.mode == "ar" and cfg.traced and cfg.trace_heads and self.heads is not None:
             head_trace = HeadTrace(self.heads, self.model.lm_head.weight, self.topk,
                                    HEAD_TRACE_STEPS if graphed else 1, len(batch), self.head_passes if graphed else None)
-        if graphed:  # a captured AR step writes its hidden state into the captured heads pass's ring
-            runner = GraphRunner(self.graphs, heads, buf, choices, trace_topk, head_trace and head_trace.captured)
+        if graphed:  # a traced AR run's captured steps write their hidden states into the heads' ring
+            runner = GraphRunner(self.graphs, heads, buf, choices, trace_topk, head_trace and head_trace.graph_ring)
         else:
             runner = EagerRunner(self.model, heads, buf, rule, params, gen, trace_topk)
         trace = writer = None
@@ -342,7 +346,7 @@ class Engine:
                     extra["trace_heads"] = cfg.trace_heads
                 writer.write(header(self.name, self.heads_source, choices, cfg.mode, cfg.accept, extra))
             parent = buf.parent.tolist() if buf is not None else [-1]
-            trace = TraceContext(choices or [], parent, self._token_text.__getitem__, batched=len(batch) > 1)
+            trace = TraceContext(choices or [], parent, self.token_text, batched=len(batch) > 1)
         requests = [Request(i, ids, self.tokenizer, cfg.max_new_tokens, self.eos_ids, cfg.stop_on_eos, cfg.text)
                     for i, ids in enumerate(batch)]
         return Session(self.model, heads, requests, cfg, buf, choices, runner, trace, writer, gen, head_trace)
@@ -461,21 +465,6 @@ class _Stream:
 
     def __del__(self) -> None:
         self.close()
-
-
-class TokenTexts(dict):
-    """Token id -> its text, decoded on first use. A traced step names up to hundreds of tokens and a
-    hit is then one dict lookup in C, not a Python call: on the demo model the trace line was the largest
-    host cost of a traced AR step, which the step has to hide (benchmarks/README.md)."""
-
-    def __init__(self, tokenizer):
-        super().__init__()
-        self.tokenizer = tokenizer
-
-    def __missing__(self, token: int) -> str:
-        text = decode(self.tokenizer, [token], skip_special_tokens=False) if self.tokenizer is not None else f"<{token}>"
-        self[token] = text
-        return text
 
 
 def available_memory() -> int:

@@ -2,11 +2,12 @@
 
 A step of the 7B shape is a few hundred small kernels; launched eagerly from Python the host is
 the bottleneck (benchmarks/README.md). A captured step is the same kernels replayed with one call.
-What is captured, per (tree, batch size, heads object, traced, span): `decode.tree_forward` /
+What is captured, per (tree, batch size, heads object, traced, ring, span): `decode.tree_forward` /
 `decode.ar_forward` under greedy acceptance (draft from the heads' top-k, the forward over every
 node, verification, KV compaction, the next heads, the length update, and the step trace when
 traced; an AR step never runs the heads, engine/head_trace.py), reading and writing static state
-tensors this module owns. Lengths come from device tensors, so one graph serves every prefix length:
+tensors this module owns; an AR step traced with the heads' top-k also writes its hidden state into
+the engine's `head_trace.HiddenRing`. Lengths come from device tensors, so one graph serves every prefix length:
 the triton kernel (and FlashAttention-4's, through seqused_k) sizes its work from them, and for the
 sdpa backend (which reads every slot it is given) graphs are captured per span bucket of
 SDPA_BUCKET slots. The host reads only the packed step after each replay, through one of two
@@ -30,7 +31,7 @@ from trees import TreeBuffers
 from .accept import RULES, Rule
 from .attention import READS_LIVE_LENGTH
 from .decode import DecodeState, StepTensors, ar_forward, finish_step, tree_forward
-from .head_trace import CapturedPass
+from .head_trace import HiddenRing
 from .heads import MedusaHeads
 from .model import Transformer
 from .sampling import SamplingParams
@@ -104,7 +105,7 @@ class StepGraphs:
 
     @torch.inference_mode()
     def launch(self, heads: MedusaHeads | None, buf: TreeBuffers | None, tree_key: tuple | None, state: DecodeState,
-               trace_topk: int = 0, ahead: int = 0, ring: CapturedPass | None = None) -> Pending:
+               trace_topk: int = 0, ahead: int = 0, ring: HiddenRing | None = None) -> Pending:
         """Queue one step and the copy of its packed result; returns at once. `state`'s device
         tensors become the graph's, so a second launch continues from this one without the host
         (`ahead`: tokens the step still in flight may add, for the sdpa span). tree_key: `tree_key(choices)`.
@@ -118,7 +119,7 @@ class StepGraphs:
         span = self.span(state, buf.num_nodes if buf is not None else 1, ahead)
         # the heads object itself (None for AR): a graph reads its weights by address, so
         # other heads need their own graph; the key also keeps them alive, so no address is ever reused
-        key = (tree_key, state.root.shape[0], heads, trace_topk, span, ring)
+        key = (tree_key, state.root.shape[0], heads, trace_topk, ring, span)
         g = self.graphs.get(key)
         if g is None:
             g = self.graphs[key] = self._capture(heads, buf, tree_key, state, trace_topk, span, ring)
@@ -141,7 +142,7 @@ class StepGraphs:
         return finish_step(state, pending.out, pending.host.tolist())
 
     def _capture(self, heads, buf, tree_key, state: DecodeState, trace_topk: int, span: int,
-                 ring: CapturedPass | None) -> _Captured:
+                 ring: HiddenRing | None) -> _Captured:
         if buf is not None:
             buf = self.trees.setdefault(tree_key, buf)
         static = state.clone()

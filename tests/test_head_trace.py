@@ -1,74 +1,103 @@
-"""engine/head_trace.py's captured path, driven on the CPU: the ring's slot, which a captured AR step
-advances on the device and each pass resets, must name the slot the host's bookkeeping expects."""
+"""engine/head_trace.py's path on CUDA graphs, driven on the CPU: the ring's slot, which a captured AR
+step advances on the device and the host sets after the prefill and after each pass, must name the
+slot the host's bookkeeping expects, run after run on one engine's ring."""
 
 import pytest
 import torch
 
-from engine.head_trace import CapturedPass, HeadTrace, new_ring, pass_fields
+from engine.head_trace import CapturedPass, HeadTrace, PassGraphs, pass_fields
 from engine.trace import StepEvent
 
 
 class ReplayedPass:
-    """Stands in for a captured pass's CUDA graph: a replay runs the pass over the ring's first slots."""
+    """Stands in for a captured pass's CUDA graph: a replay runs the pass over the rows it was made for."""
 
-    def __init__(self, heads, weight, topk: int, every: int):
-        self.heads, self.weight, self.topk, self.every = heads, weight, topk, every
-        self.captured: CapturedPass | None = None
+    def __init__(self, heads, weight, topk: int, states: torch.Tensor, out: torch.Tensor):
+        self.heads, self.weight, self.topk, self.states, self.out = heads, weight, topk, states, out
         self.replays = 0
 
     def replay(self) -> None:
         self.replays += 1
-        rows = self.captured.ring[: self.every].flatten(0, 1)
-        self.captured.out.copy_(pass_fields(self.heads, self.weight, self.topk, rows))
+        self.out.copy_(pass_fields(self.heads, self.weight, self.topk, self.states.flatten(0, 1)))
 
 
-@pytest.mark.parametrize("every", [1, 3, 16])
-@pytest.mark.parametrize("ahead", [False, True])
-def test_steps_written_by_the_graph_get_the_heads_of_the_step_before(demo_engine, every, ahead):
-    """Hidden states enter the ring as a captured AR step puts them there (CapturedPass.write, at
-    launch, possibly one step ahead of the read), requests leave the batch at different steps, and
-    every step gets the heads' top-k of its request's previous hidden state, in order."""
-    heads, weight, topk, batch = demo_engine.heads, demo_engine.model.lm_head.weight, 4, 3
-    graph = ReplayedPass(heads, weight, topk, every)
-    ring = new_ring(every + 2, batch, weight.shape[1], weight)
-    out = torch.empty(every * batch, 2 * heads.num_heads * topk, dtype=torch.long)
-    graph.captured = CapturedPass(ring, torch.zeros(1, dtype=torch.long), graph, out, None)
+def cpu_pass_graphs(monkeypatch) -> PassGraphs:
+    def capture(self, heads, weight, topk, states):
+        out = torch.empty(states.shape[0] * states.shape[1], 2 * heads.num_heads * topk, dtype=torch.long)
+        return CapturedPass(ReplayedPass(heads, weight, topk, states, out), out)
 
-    class Graphs:
-        def get(self, *key):
-            return graph.captured
+    monkeypatch.setattr(PassGraphs, "_capture", capture)
+    return PassGraphs()
 
-    trace = HeadTrace(heads, weight, topk, every, batch, Graphs())
+
+def run(graphs: PassGraphs, heads, weight, topk: int, every: int, leaves: dict[int, int], ahead: bool,
+        gen: torch.Generator, close_after: int | None = None):
+    """One traced AR run of len(leaves) requests (request -> its last step), its steps launched the way
+    the session launches them -> (the steps handed out, each step's hidden states and rows)."""
+    batch, last = len(leaves), max(leaves.values())
+    trace = HeadTrace(heads, weight, topk, every, batch, graphs)
     trace.host = None  # the CPU has no events: a pass's fields are read where they are
-    gen = torch.Generator().manual_seed(every)
-    leaves = {0: 5, 1: 40, 2: 23}  # request -> its last step
     hidden = {-1: torch.randn(batch, weight.shape[1], generator=gen)}
-    trace.save(-1, hidden[-1], [0, 1, 2])
-    rows_at = {-1: [0, 1, 2]}
+    rows_at = {-1: list(range(batch))}
+    trace.save(-1, hidden[-1], rows_at[-1])
     got: list[list[StepEvent]] = []
 
     def launch(step: int) -> None:
-        rows = [r for r in (0, 1, 2) if leaves[r] >= step]
-        rows_at[step] = rows
-        hidden[step] = torch.randn(len(rows), weight.shape[1], generator=gen)
-        graph.captured.write(hidden[step])  # what the step's graph does at replay
-        trace.save(step, hidden[step], rows)
+        rows_at[step] = [r for r in range(batch) if leaves[r] >= step]
+        hidden[step] = torch.randn(len(rows_at[step]), weight.shape[1], generator=gen)
+        trace.graph_ring.write(hidden[step])  # what the step's graph does at replay
+        trace.save(step, hidden[step], rows_at[step])
 
     launch(0)
-    for step in range(41):
-        if ahead and step < 40:
+    for step in range(last + 1):
+        if ahead and step < last:
             launch(step + 1)
-        events = [StepEvent([1], [0], step=step, request=r) for r in rows_at[step]]
-        got += trace.hold(step, events)
-        if not ahead and step < 40:
+        got += trace.hold(step, [StepEvent([1], [0], step=step, request=r) for r in rows_at[step]])
+        if close_after is not None and len(got) >= close_after:
+            return got, hidden, rows_at  # a stream closed early: the rest is never read
+        if not ahead and step < last:
             launch(step + 1)
-    got += trace.finish()
-    assert [evs[0].step for evs in got] == list(range(41))
-    assert graph.replays == 41 // every  # full passes replayed; the last, partial one runs eagerly
+    return got + trace.finish(), hidden, rows_at
+
+
+def assert_heads_of_the_step_before(got, hidden, rows_at, heads, weight, topk):
     for evs in got:
         for ev in evs:
             before = hidden[ev.step - 1][rows_at[ev.step - 1].index(ev.request)]
             want = pass_fields(heads, weight, topk, before[None])[0].tolist()
-            ids = [t for h in ev.head_topk for t, _ in h]
-            assert ids == want[: len(ids)], (ev.step, ev.request)
+            assert [t for h in ev.head_topk for t, _ in h] == want[: topk * heads.num_heads], (ev.step, ev.request)
 
+
+@pytest.mark.parametrize("every", [1, 3, 16])
+@pytest.mark.parametrize("ahead", [False, True])
+def test_steps_written_by_their_graph_get_the_heads_of_the_step_before(demo_engine, monkeypatch, every, ahead):
+    """Hidden states enter the engine's ring as a captured AR step puts them there (HiddenRing.write,
+    at launch, possibly one step ahead of the read), requests leave the batch at different steps, and
+    every step gets the heads' top-k of its request's previous hidden state, in order; a run closed
+    early leaves the next run (a smaller batch, on the same ring) correct."""
+    heads, weight, topk = demo_engine.heads, demo_engine.model.lm_head.weight, 4
+    graphs = cpu_pass_graphs(monkeypatch)
+    gen = torch.Generator().manual_seed(every)
+    got, hidden, rows_at = run(graphs, heads, weight, topk, every, {0: 5, 1: 40, 2: 23}, ahead, gen)
+    assert [evs[0].step for evs in got] == list(range(41))
+    assert_heads_of_the_step_before(got, hidden, rows_at, heads, weight, topk)
+    (full,) = graphs.passes.values()
+    assert full.graph.replays == 41 // every  # full passes replayed; the last, partial one runs eagerly
+    ring = graphs.ring
+    run(graphs, heads, weight, topk, every, {0: 30, 1: 30, 2: 30}, ahead, gen, close_after=7)
+    got, hidden, rows_at = run(graphs, heads, weight, topk, every, {0: 33, 1: 20}, ahead, gen)
+    assert_heads_of_the_step_before(got, hidden, rows_at, heads, weight, topk)
+    assert graphs.ring is ring and ring.states.shape[1] == 4  # three rows and two share one ring of four
+
+
+def test_a_larger_batch_makes_a_larger_ring_and_drops_the_passes_on_the_old_one(demo_engine, monkeypatch):
+    heads, weight = demo_engine.heads, demo_engine.model.lm_head.weight
+    graphs = cpu_pass_graphs(monkeypatch)
+    gen = torch.Generator().manual_seed(0)
+    run(graphs, heads, weight, 4, 3, {0: 10, 1: 10}, True, gen)
+    small = graphs.ring
+    assert small.states.shape[1] == 2 and len(graphs.passes) == 1
+    got, hidden, rows_at = run(graphs, heads, weight, 4, 3, {r: 9 + r for r in range(5)}, True, gen)
+    assert graphs.ring is not small and graphs.ring.states.shape[1] == 8
+    assert [key[-1] for key in graphs.passes] == [5]  # batch 5's pass, on the new ring
+    assert_heads_of_the_step_before(got, hidden, rows_at, heads, weight, 4)
