@@ -124,7 +124,7 @@ class Engine:
             raise ModelLoadError("cuda_graphs needs a CUDA device")
         # greedy steps replay captured CUDA graphs (engine/graphs.py)
         self.graphs = StepGraphs(model) if cuda_graphs else None
-        self.head_passes = PassGraphs() if cuda_graphs else None  # a traced AR run's heads passes and their ring
+        self.head_passes = PassGraphs() if cuda_graphs else None  # a traced AR run's heads passes, captured
         self.name, self.heads_source = name, heads_source
         self.args = model.args
         context = self.args.max_position_embeddings
@@ -321,8 +321,8 @@ class Engine:
         if cfg.mode == "ar" and cfg.traced and cfg.trace_heads and self.heads is not None:
             head_trace = HeadTrace(self.heads, self.model.lm_head.weight, self.topk,
                                    HEAD_TRACE_STEPS if graphed else 1, len(batch), self.head_passes if graphed else None)
-        if graphed:  # a traced AR run's captured steps write their hidden states into the heads' ring
-            runner = GraphRunner(self.graphs, heads, buf, choices, trace_topk, head_trace and head_trace.graph_ring)
+        if graphed:
+            runner = GraphRunner(self.graphs, heads, buf, choices, trace_topk)
         else:
             runner = EagerRunner(self.model, heads, buf, rule, params, gen, trace_topk)
         trace = writer = None

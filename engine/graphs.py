@@ -2,12 +2,11 @@
 
 A step of the 7B shape is a few hundred small kernels; launched eagerly from Python the host is
 the bottleneck (benchmarks/README.md). A captured step is the same kernels replayed with one call.
-What is captured, per (tree, batch size, heads object, traced, ring, span): `decode.tree_forward` /
+What is captured, per (tree, batch size, heads object, traced, span): `decode.tree_forward` /
 `decode.ar_forward` under greedy acceptance (draft from the heads' top-k, the forward over every
 node, verification, KV compaction, the next heads, the length update, and the step trace when
 traced; an AR step never runs the heads, engine/head_trace.py), reading and writing static state
-tensors this module owns; an AR step traced with the heads' top-k also writes its hidden state into
-the engine's `head_trace.HiddenRing`. Lengths come from device tensors, so one graph serves every prefix length:
+tensors this module owns. Lengths come from device tensors, so one graph serves every prefix length:
 the triton kernel (and FlashAttention-4's, through seqused_k) sizes its work from them, and for the
 sdpa backend (which reads every slot it is given) graphs are captured per span bucket of
 SDPA_BUCKET slots. The host reads only the packed step after each replay, through one of two
@@ -31,7 +30,6 @@ from trees import TreeBuffers
 from .accept import RULES, Rule
 from .attention import READS_LIVE_LENGTH
 from .decode import DecodeState, StepTensors, ar_forward, finish_step, tree_forward
-from .head_trace import HiddenRing
 from .heads import MedusaHeads
 from .model import Transformer
 from .sampling import SamplingParams
@@ -105,11 +103,10 @@ class StepGraphs:
 
     @torch.inference_mode()
     def launch(self, heads: MedusaHeads | None, buf: TreeBuffers | None, tree_key: tuple | None, state: DecodeState,
-               trace_topk: int = 0, ahead: int = 0, ring: HiddenRing | None = None) -> Pending:
+               trace_topk: int = 0, ahead: int = 0) -> Pending:
         """Queue one step and the copy of its packed result; returns at once. `state`'s device
         tensors become the graph's, so a second launch continues from this one without the host
-        (`ahead`: tokens the step still in flight may add, for the sdpa span). tree_key: `tree_key(choices)`.
-        ring: an AR step writes its hidden state into it (a traced AR run's heads, engine/head_trace.py)."""
+        (`ahead`: tokens the step still in flight may add, for the sdpa span). tree_key: `tree_key(choices)`."""
         cache = self.model.cache
         cache_key = (cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape))
         if cache_key != self._cache_key:  # their addresses are gone: drop the graphs and their memory
@@ -119,10 +116,10 @@ class StepGraphs:
         span = self.span(state, buf.num_nodes if buf is not None else 1, ahead)
         # the heads object itself (None for AR): a graph reads its weights by address, so
         # other heads need their own graph; the key also keeps them alive, so no address is ever reused
-        key = (tree_key, state.root.shape[0], heads, trace_topk, ring, span)
+        key = (tree_key, state.root.shape[0], heads, trace_topk, span)
         g = self.graphs.get(key)
         if g is None:
-            g = self.graphs[key] = self._capture(heads, buf, tree_key, state, trace_topk, span, ring)
+            g = self.graphs[key] = self._capture(heads, buf, tree_key, state, trace_topk, span)
         s = g.state
         if state.lengths is not s.lengths:  # the caller's state came from prefill or another graph
             s.copy_(state)
@@ -141,21 +138,18 @@ class StepGraphs:
         pending.done.synchronize()
         return finish_step(state, pending.out, pending.host.tolist())
 
-    def _capture(self, heads, buf, tree_key, state: DecodeState, trace_topk: int, span: int,
-                 ring: HiddenRing | None) -> _Captured:
+    def _capture(self, heads, buf, tree_key, state: DecodeState, trace_topk: int, span: int) -> _Captured:
         if buf is not None:
             buf = self.trees.setdefault(tree_key, buf)
         static = state.clone()
 
-        def body(capturing: bool) -> StepTensors:
+        def body() -> StepTensors:
             work = DecodeState(static.lengths, static.host_lengths, static.root, static.head_logits)
             if buf is not None:
                 out = tree_forward(self.model, heads, buf, work, RULES["greedy"], GREEDY, None, span=span,
                                    trace=bool(trace_topk))
             else:
                 out = ar_forward(self.model, work, GREEDY, None, span=span, trace_topk=trace_topk)
-                if ring is not None and capturing:  # a warm-up step must not move the ring's slot
-                    ring.write(out.hidden)
             static.copy_(work)
             return out
 
@@ -164,14 +158,14 @@ class StepGraphs:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(WARMUP_STEPS):
-                body(capturing=False)
+                body()
                 static.copy_(saved)
         torch.cuda.current_stream().wait_stream(side)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            out = body(capturing=True)
+            out = body()
         static.copy_(saved)
         self.captures += 1
         host = tuple(torch.empty(out.packed.shape, dtype=out.packed.dtype, pin_memory=True) for _ in range(2))
