@@ -316,15 +316,15 @@ class Engine:
         heads = self.heads if cfg.mode == "medusa" else None
         trace_topk = self.topk if cfg.traced else 0
         graphed = self.graphs is not None and StepGraphs.usable(self.model, rule, cfg.mode)
+        if graphed:
+            runner = GraphRunner(self.graphs, heads, buf, choices, trace_topk)
+        else:
+            runner = EagerRunner(self.model, heads, buf, rule, params, gen, trace_topk)
         # an AR trace with the heads' top-k (it feeds the head statistics) runs them outside the steps
         head_trace = None
         if cfg.mode == "ar" and cfg.traced and cfg.trace_heads and self.heads is not None:
             head_trace = HeadTrace(self.heads, self.model.lm_head.weight, self.topk,
                                    HEAD_TRACE_STEPS if graphed else 1, len(batch), self.head_passes if graphed else None)
-        if graphed:
-            runner = GraphRunner(self.graphs, heads, buf, choices, trace_topk)
-        else:
-            runner = EagerRunner(self.model, heads, buf, rule, params, gen, trace_topk)
         trace = writer = None
         if cfg.traced:
             if cfg.trace_file:
