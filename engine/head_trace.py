@@ -148,7 +148,7 @@ class HeadTrace:
         # the waiting steps' `every` entries, the newest step's and one step queued ahead of it
         self.slots, self.batch = every + 2, batch
         self.captured = graphs.get(heads, lm_head_weight, topk, every, batch) if graphs is not None else None
-        self.ring: torch.Tensor | None = None  # made at the first save (the prefill's gives the hidden size)
+        self.ring: torch.Tensor | None = None  # the captured pass's, or made at the first save (which gives the hidden size)
         self.slot_views: list[torch.Tensor] = []  # ring[slot] for each slot, made with the ring
         self.host = None  # one pass's results; a pass is read before the next one is queued
         if self.captured is not None:

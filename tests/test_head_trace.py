@@ -90,3 +90,17 @@ def test_replayed_passes_read_what_the_steps_saved(demo_engine, monkeypatch, eve
     got, hidden, rows_at = run(graphs, heads, weight, topk, every, {0: 19}, ahead, gen)
     assert_heads_of_the_step_before(got, hidden, rows_at, heads, weight, topk)
     assert graphs.captures == 2  # a batch of one has its own ring and pass
+
+
+@pytest.mark.parametrize("graphed", [False, True])
+def test_a_ring_made_in_inference_mode_takes_saves_made_outside_it(demo_engine, monkeypatch, graphed):
+    """A run may start inside torch.inference_mode() (a caller's, or a capture's) and save outside it:
+    the ring must be a normal tensor, or the save's copy raises."""
+    heads, weight = demo_engine.heads, demo_engine.model.lm_head.weight
+    graphs = cpu_pass_graphs(monkeypatch) if graphed else None
+    hidden = torch.randn(2, weight.shape[1])
+    with torch.inference_mode():
+        trace = HeadTrace(heads, weight, 4, 3, 2, graphs)
+        trace.save(-1, hidden, [0, 1])
+    trace.save(0, hidden, [0, 1])
+    assert torch.equal(trace.ring[1], hidden)
