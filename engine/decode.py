@@ -42,11 +42,12 @@ class DecodeState:
     hidden: torch.Tensor | None = None  # [B, d] prefill's hidden state at each prompt's last token (steps leave it)
 
     def copy_(self, other: DecodeState) -> None:
-        """Take other's device tensors in place (a captured graph reads these addresses)."""
-        self.lengths.copy_(other.lengths)
-        self.root.copy_(other.root)
-        if self.head_logits is not None:
-            self.head_logits.copy_(other.head_logits)
+        """Take other's device tensors in place (a captured graph reads these addresses); a tensor
+        a step already wrote in place is not copied onto itself (in a graph, one launch less)."""
+        for mine, theirs in ((self.lengths, other.lengths), (self.root, other.root),
+                             (self.head_logits, other.head_logits)):
+            if mine is not None and mine is not theirs:
+                mine.copy_(theirs)
 
     def clone(self) -> DecodeState:
         return DecodeState(self.lengths.clone(), list(self.host_lengths), self.root.clone(),
@@ -235,10 +236,16 @@ def _tree_forward_fused(model: Transformer, heads: MedusaHeads, buf: TreeBuffers
                    span=span or max(state.host_lengths) + t)  # [B, T, d]
     logits = model.lm_head(hidden)  # [B, T, V] in the model's dtype: the kernels read it as it is
     width = trace_width(t, k, buf.topk) if trace else 0
-    acc = greedy_step.greedy_accept(buf.retrieve_indices, drafted.tokens, logits, start, width)
-    model.cache.compact(acc.src, acc.dst)
-    state.head_logits = _head_logits(heads, model, hidden.view(b * t, -1)[acc.last_row])
-    state.lengths, state.root = acc.lengths, acc.root
+    acc = greedy_step.greedy_accept(buf.retrieve_indices, drafted.tokens, logits, hidden, start, state.root, width)
+    model.cache.compact(acc.src, acc.dst)  # state.lengths and state.root now hold the next step's, in place
+    # the next heads, in the model's dtype (the draft reads any; the values are those of _head_logits's cast):
+    # into the state's own [K, B, V] buffer where it has one (StepGraphs' static state), which saves a graph
+    # the copy of a new tensor into it, else a new tensor
+    into = state.head_logits.transpose(0, 1)
+    if into.is_contiguous() and into.dtype == hidden.dtype:
+        heads(acc.last_hidden, model.lm_head.weight, out=into)
+    else:
+        state.head_logits = heads(acc.last_hidden, model.lm_head.weight).transpose(0, 1)
     if trace:
         w = acc.nodes.shape[1]
         greedy_step.trace_fields(acc.packed[:, 1 + 2 * w:], drafted.tokens, buf.parent, logits, acc.target, drafted.top,

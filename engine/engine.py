@@ -124,7 +124,7 @@ class Engine:
             raise ModelLoadError("cuda_graphs needs a CUDA device")
         # greedy steps replay captured CUDA graphs (engine/graphs.py)
         self.graphs = StepGraphs(model) if cuda_graphs else None
-        self.head_passes = PassGraphs() if cuda_graphs else None  # a traced AR run's heads passes, captured
+        self.head_passes = PassGraphs() if cuda_graphs else None  # a traced AR run's heads passes and their ring
         self.name, self.heads_source = name, heads_source
         self.args = model.args
         context = self.args.max_position_embeddings
@@ -316,15 +316,15 @@ class Engine:
         heads = self.heads if cfg.mode == "medusa" else None
         trace_topk = self.topk if cfg.traced else 0
         graphed = self.graphs is not None and StepGraphs.usable(self.model, rule, cfg.mode)
-        if graphed:
-            runner = GraphRunner(self.graphs, heads, buf, choices, trace_topk)
-        else:
-            runner = EagerRunner(self.model, heads, buf, rule, params, gen, trace_topk)
         # an AR trace with the heads' top-k (it feeds the head statistics) runs them outside the steps
         head_trace = None
         if cfg.mode == "ar" and cfg.traced and cfg.trace_heads and self.heads is not None:
             head_trace = HeadTrace(self.heads, self.model.lm_head.weight, self.topk,
                                    HEAD_TRACE_STEPS if graphed else 1, len(batch), self.head_passes if graphed else None)
+        if graphed:  # a traced AR run's captured steps write their hidden states into the heads' ring
+            runner = GraphRunner(self.graphs, heads, buf, choices, trace_topk, head_trace and head_trace.graph_ring)
+        else:
+            runner = EagerRunner(self.model, heads, buf, rule, params, gen, trace_topk)
         trace = writer = None
         if cfg.traced:
             if cfg.trace_file:

@@ -2,11 +2,12 @@
 
 A step of the 7B shape is a few hundred small kernels; launched eagerly from Python the host is
 the bottleneck (benchmarks/README.md). A captured step is the same kernels replayed with one call.
-What is captured, per (tree, batch size, heads object, traced, span): `decode.tree_forward` /
+What is captured, per (tree, batch size, heads object, traced, ring, span): `decode.tree_forward` /
 `decode.ar_forward` under greedy acceptance (draft from the heads' top-k, the forward over every
 node, verification, KV compaction, the next heads, the length update, and the step trace when
 traced; an AR step never runs the heads, engine/head_trace.py), reading and writing static state
-tensors this module owns. Lengths come from device tensors, so one graph serves every prefix length:
+tensors this module owns; an AR step traced with the heads' top-k also writes its hidden state into
+the engine's `head_trace.HiddenRing`. Lengths come from device tensors, so one graph serves every prefix length:
 the triton kernel (and FlashAttention-4's, through seqused_k) sizes its work from them, and for the
 sdpa backend (which reads every slot it is given) graphs are captured per span bucket of
 SDPA_BUCKET slots. The host reads only the packed step after each replay, through one of two
@@ -29,7 +30,9 @@ from trees import TreeBuffers
 
 from .accept import RULES, Rule
 from .attention import READS_LIVE_LENGTH
+from .cudagraph import capture
 from .decode import DecodeState, StepTensors, ar_forward, finish_step, tree_forward
+from .head_trace import HiddenRing
 from .heads import MedusaHeads
 from .model import Transformer
 from .sampling import SamplingParams
@@ -103,10 +106,11 @@ class StepGraphs:
 
     @torch.inference_mode()
     def launch(self, heads: MedusaHeads | None, buf: TreeBuffers | None, tree_key: tuple | None, state: DecodeState,
-               trace_topk: int = 0, ahead: int = 0) -> Pending:
+               trace_topk: int = 0, ahead: int = 0, ring: HiddenRing | None = None) -> Pending:
         """Queue one step and the copy of its packed result; returns at once. `state`'s device
         tensors become the graph's, so a second launch continues from this one without the host
-        (`ahead`: tokens the step still in flight may add, for the sdpa span). tree_key: `tree_key(choices)`."""
+        (`ahead`: tokens the step still in flight may add, for the sdpa span). tree_key: `tree_key(choices)`.
+        ring: an AR step writes its hidden state into it (a traced AR run's heads, engine/head_trace.py)."""
         cache = self.model.cache
         cache_key = (cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape))
         if cache_key != self._cache_key:  # their addresses are gone: drop the graphs and their memory
@@ -116,10 +120,10 @@ class StepGraphs:
         span = self.span(state, buf.num_nodes if buf is not None else 1, ahead)
         # the heads object itself (None for AR): a graph reads its weights by address, so
         # other heads need their own graph; the key also keeps them alive, so no address is ever reused
-        key = (tree_key, state.root.shape[0], heads, trace_topk, span)
+        key = (tree_key, state.root.shape[0], heads, trace_topk, ring, span)
         g = self.graphs.get(key)
         if g is None:
-            g = self.graphs[key] = self._capture(heads, buf, tree_key, state, trace_topk, span)
+            g = self.graphs[key] = self._capture(heads, buf, tree_key, state, trace_topk, span, ring)
         s = g.state
         if state.lengths is not s.lengths:  # the caller's state came from prefill or another graph
             s.copy_(state)
@@ -138,10 +142,16 @@ class StepGraphs:
         pending.done.synchronize()
         return finish_step(state, pending.out, pending.host.tolist())
 
-    def _capture(self, heads, buf, tree_key, state: DecodeState, trace_topk: int, span: int) -> _Captured:
+    def _capture(self, heads, buf, tree_key, state: DecodeState, trace_topk: int, span: int,
+                 ring: HiddenRing | None) -> _Captured:
+        static = state.clone()
         if buf is not None:
             buf = self.trees.setdefault(tree_key, buf)
-        static = state.clone()
+            # the heads' logits as the heads write them, [K, B, V] in the model's dtype seen as [B, K, V]: the
+            # fused step writes them in place (decode._tree_forward_fused), and no copy joins the graph
+            k_b_v = state.head_logits.transpose(0, 1)
+            static.head_logits = torch.empty(k_b_v.shape, dtype=self.model.lm_head.weight.dtype,
+                                             device=k_b_v.device).transpose(0, 1).copy_(state.head_logits)
 
         def body() -> StepTensors:
             work = DecodeState(static.lengths, static.host_lengths, static.root, static.head_logits)
@@ -150,23 +160,23 @@ class StepGraphs:
                                    trace=bool(trace_topk))
             else:
                 out = ar_forward(self.model, work, GREEDY, None, span=span, trace_topk=trace_topk)
+                if ring is not None:
+                    ring.write(out.hidden)
             static.copy_(work)
             return out
 
-        saved = static.clone()  # warm-up steps run for real: each is undone (K/V past the lengths is scratch)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_STEPS):
-                body()
-                static.copy_(saved)
-        torch.cuda.current_stream().wait_stream(side)
+        # warm-up steps run for real: each is undone (K/V past the lengths, and the ring's slot, are scratch)
+        saved = static.clone()
+        saved_slot = ring.slot.clone() if ring is not None else None
+
+        def undo() -> None:
+            static.copy_(saved)
+            if ring is not None:
+                ring.slot.copy_(saved_slot)
+
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = body()
-        static.copy_(saved)
+        graph, out = capture(body, WARMUP_STEPS, self.pool, undo)
         self.captures += 1
         host = tuple(torch.empty(out.packed.shape, dtype=out.packed.dtype, pin_memory=True) for _ in range(2))
         return _Captured(graph, static, out, host)

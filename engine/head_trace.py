@@ -9,8 +9,9 @@ shapes, traced decoding"; there the run is bound by the host, and this design ma
 its hidden state, which goes into a ring on the device, and every `every` steps one heads pass runs
 over all the states kept: one batched GEMM per ResBlock and one vocabulary projection for `every`
 steps. A traced AR step then runs the untraced step's kernels, its trace kernel and the hidden
-state's copy into the ring. On CUDA graphs (`PassGraphs`) a full pass is one replay of its own
-graph: on the demo model a traced AR step waits for its host, where every launch counts.
+state's copy into the ring. On CUDA graphs (`PassGraphs`) that copy is part of the step's graph
+(`HiddenRing.write`) and a full pass is one replay of its own graph: on the demo model a traced AR
+step waits for its host, where every launch counts.
 
 Nothing here waits for the GPU while steps are queued: a pass is queued behind the step in flight,
 its top-k travels to pinned host memory, and its steps are handed back once its event has passed
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .cudagraph import capture
 from .decode import MICRO, head_topk_fields, micro
 from .heads import MedusaHeads
 from .kernels import greedy_step
@@ -74,55 +76,71 @@ def new_ring(slots: int, batch: int, dim: int, like: torch.Tensor) -> torch.Tens
         return torch.zeros(slots, batch, dim, device=like.device, dtype=like.dtype)
 
 
+@dataclass(eq=False)  # hashed by identity: the keys of the step graphs that write it hold it
+class HiddenRing:
+    """Where the captured steps of a traced AR run leave their hidden states: [slots, cap, d] on the
+    device, for any batch of up to `cap` rows, and the slot the next step writes. The step's graph
+    advances the slot; the host sets it after the prefill's save and after each pass."""
+
+    states: torch.Tensor  # [slots, cap, d]
+    slot: torch.Tensor  # [1] long
+
+    def write(self, hidden: torch.Tensor) -> None:
+        """Captured in an AR step's graph: its hidden states [B, d] into the next slot, with no
+        launch of the host's own per step (the demo model's traced AR step waits for its host)."""
+        self.states[:, : hidden.shape[0]].index_copy_(0, self.slot, hidden[None])
+        self.slot.add_(1)
+
+
 @dataclass
 class CapturedPass:
-    """A full heads pass (`every` slots of `batch` rows) as a CUDA graph, with the ring it reads and
-    the pinned memory its results travel to."""
+    """A full heads pass (`every` slots of `batch` rows of the ring) as a CUDA graph."""
 
-    ring: torch.Tensor  # [every + 2, batch, d]
     graph: torch.cuda.CUDAGraph
     out: torch.Tensor  # [every * batch, 2 K topk]: the fields of the last replay
-    host: torch.Tensor  # [(every + 2) * batch, 2 K topk] pinned
 
 
 class PassGraphs:
-    """Full heads passes captured as CUDA graphs, one per (heads, top-k, every, batch size); Engine
-    owns one when its steps run on CUDA graphs. Launched eagerly a pass is some 25 kernels, each a
-    launch on the host, which a demo-sized step cannot hide (benchmarks/README.md). A graph reads its
-    ring by address, so the ring lives here and the runs of that batch size share it, one after
-    another (an Engine runs one at a time)."""
+    """An Engine's ring of hidden states for traced AR runs on CUDA graphs, and its full heads
+    passes captured as graphs, one per (heads, top-k, every, batch size), made at a run's first full
+    pass. Launched eagerly a pass is some 25 kernels, each a launch on the host, which a demo-sized
+    step cannot hide. Graphs read the ring by address, so it lives here and the runs share it, one
+    after another (an Engine runs one at a time); one ring for every batch size keeps the step graphs
+    that write it to one per batch size, as for untraced runs."""
 
     def __init__(self):
+        self.ring: HiddenRing | None = None
         self.passes: dict[tuple, CapturedPass] = {}
         self.pool = None
         self.captures = 0  # tests read it
 
+    def ring_for(self, slots: int, batch: int, like: torch.Tensor) -> HiddenRing:
+        """The ring, made again (rows to the next power of two) when `batch` rows or `slots` do not
+        fit it; the passes read the old one by address, so they go with it."""
+        r = self.ring
+        if r is None or r.states.shape[0] != slots or r.states.shape[1] < batch:
+            with torch.inference_mode(False):
+                slot = torch.zeros(1, dtype=torch.long, device=like.device)
+            self.ring = HiddenRing(new_ring(slots, 1 << (batch - 1).bit_length(), like.shape[1], like), slot)
+            self.passes.clear()
+        return self.ring
+
     def get(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, topk: int, every: int, batch: int) -> CapturedPass:
+        """The full pass over the ring's first `every` slots and `batch` rows, captured on first use."""
         # the heads object itself: the graph reads its weights by address, and the key keeps them alive
         key = (heads, lm_head_weight.data_ptr(), topk, every, batch)
         if key not in self.passes:
-            ring = new_ring(every + 2, batch, lm_head_weight.shape[1], lm_head_weight)
-            self.passes[key] = self._capture(heads, lm_head_weight, topk, ring)
+            self.passes[key] = self._capture(heads, lm_head_weight, topk, self.ring.states[:every, :batch])
             self.captures += 1
         return self.passes[key]
 
     @torch.inference_mode()
-    def _capture(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, topk: int, ring: torch.Tensor) -> CapturedPass:
-        every, batch = ring.shape[0] - 2, ring.shape[1]
-        rows = ring[:every].flatten(0, 1)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_PASSES):
-                pass_fields(heads, lm_head_weight, topk, rows)
-        torch.cuda.current_stream().wait_stream(side)
+    def _capture(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, topk: int, states: torch.Tensor) -> CapturedPass:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = pass_fields(heads, lm_head_weight, topk, rows)
-        host = torch.empty(ring.shape[0] * batch, out.shape[1], dtype=out.dtype, pin_memory=True)
-        return CapturedPass(ring, graph, out, host)
+        graph, out = capture(lambda: pass_fields(heads, lm_head_weight, topk, states.flatten(0, 1)), WARMUP_PASSES,
+                             self.pool)
+        return CapturedPass(graph, out)
 
 
 @dataclass
@@ -138,7 +156,8 @@ class _Pass:
 class HeadTrace:
     """The hidden states of a run's recent steps (a device ring), the steps waiting for their heads'
     top-k and the pass in flight. Entries are indexed by step: -1 is the prefill, j AR step j's.
-    With `graphs` (CUDA graphs) a full pass is one replay and the ring is the captured pass's."""
+    With `graphs` (CUDA graphs) the ring is the engine's (`graph_ring`), which the captured steps
+    write themselves, and a full pass is one replay."""
 
     def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, topk: int, every: int, batch: int,
                  graphs: PassGraphs | None = None):
@@ -146,15 +165,13 @@ class HeadTrace:
             raise ValueError(f"every must be at least 1 step, not {every}")
         self.heads, self.lm_head_weight, self.topk, self.every = heads, lm_head_weight, topk, every
         # the waiting steps' `every` entries, the newest step's and one step queued ahead of it
-        self.slots, self.batch = every + 2, batch
-        self.captured = graphs.get(heads, lm_head_weight, topk, every, batch) if graphs is not None else None
-        self.ring: torch.Tensor | None = None  # the captured pass's, or made at the first save (which gives the hidden size)
-        self.slot_views: list[torch.Tensor] = []  # ring[slot] for each slot, made with the ring
+        self.slots, self.batch, self.graphs = every + 2, batch, graphs
+        self.graph_ring = graphs.ring_for(self.slots, batch, lm_head_weight) if graphs is not None else None
+        # without graphs the ring is made at the first save (the prefill's gives the hidden size)
+        self.ring = self.graph_ring.states[:, :batch] if self.graph_ring is not None else None
+        self.slot_views: list[torch.Tensor] = list(self.ring) if self.ring is not None else []  # ring[slot] per slot
         self.host = None  # one pass's results; a pass is read before the next one is queued
-        if self.captured is not None:
-            self.ring, self.host = self.captured.ring, self.captured.host
-            self.slot_views = list(self.ring)
-        elif lm_head_weight.is_cuda:
+        if lm_head_weight.is_cuda:
             self.host = torch.empty(self.slots * batch, 2 * heads.num_heads * topk, dtype=torch.long, pin_memory=True)
         self.first = -1  # the step whose entry is in slot 0
         self.rows: list[list[int]] = []  # per slot: the request of each of its rows
@@ -163,15 +180,19 @@ class HeadTrace:
 
     def save(self, step: int, hidden: torch.Tensor, requests: list[int]) -> None:
         """Keep step `step`'s hidden states [B, d] (one row per request in `requests`, kept as it is:
-        the session replaces its list of rows, never changes it): a device copy."""
+        the session replaces its list of rows, never changes it): a device copy, except for a
+        captured step, whose graph wrote them (HiddenRing.write)."""
         if self.ring is None:
             self.ring = new_ring(self.slots, self.batch, hidden.shape[-1], hidden)
             self.slot_views = list(self.ring)  # made once: a step's save is then one copy launch
         slot = step - self.first
         if slot != len(self.rows) or slot >= self.slots:
             raise RuntimeError(f"step {step}'s hidden state saved out of order (slot {slot} of {len(self.rows)} kept)")
-        view = self.slot_views[slot]
-        (view if hidden.shape[0] == self.batch else view[: hidden.shape[0]]).copy_(hidden)
+        if self.graph_ring is None or step < 0:
+            view = self.slot_views[slot]
+            (view if hidden.shape[0] == self.batch else view[: hidden.shape[0]]).copy_(hidden)
+            if self.graph_ring is not None:
+                self.graph_ring.slot.fill_(1)  # AR step 0 writes the next slot
         self.rows.append(requests)
 
     def hold(self, step: int, events: list[StepEvent]) -> list[list[StepEvent]]:
@@ -200,9 +221,10 @@ class HeadTrace:
             return
         last = self.waiting[-1][0]
         used = last - self.first  # slots 0 .. used - 1 hold the entries of steps first .. last - 1
-        if self.captured is not None and used == self.every:
-            self.captured.graph.replay()
-            fields = self.captured.out
+        if self.graphs is not None and used == self.every:
+            full = self.graphs.get(self.heads, self.lm_head_weight, self.topk, self.every, self.batch)
+            full.graph.replay()
+            fields = full.out
         else:
             fields = pass_fields(self.heads, self.lm_head_weight, self.topk, self.ring[:used].flatten(0, 1))
         batch = self.batch
@@ -221,6 +243,8 @@ class HeadTrace:
             src = self.ring[used: used + kept]
             self.ring[:kept].copy_(src if kept <= used else src.clone())  # a clone only where they overlap
             self.rows, self.first = self.rows[used:], last
+            if self.graph_ring is not None:
+                self.graph_ring.slot.fill_(kept)
 
     def _read(self, wait: bool) -> list[list[StepEvent]]:
         """The pass in flight's steps, filled, if it has finished (or `wait`); else none."""

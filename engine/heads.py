@@ -70,12 +70,12 @@ class MedusaHeads(nn.Module):
             x = self.tp.all_gather(y) if layer + 1 < self.num_layers else y
         return x[..., cols] if self.num_layers == 0 else x
 
-    def forward(self, h: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
-        """[N, d] -> logits [K, N, V]."""
+    def forward(self, h: torch.Tensor, lm_head_weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """[N, d] -> logits [K, N, V] (into `out` when given: contiguous, in the weights' dtype)."""
         x = self.hidden(h)
         if self.proj is None:
-            return self.tp.all_reduce(x @ lm_head_weight[:, self.tp.part(self.dim)].t())
-        return self.tp.all_reduce(torch.bmm(x, self.proj.transpose(1, 2)))
+            return self.tp.all_reduce(torch.matmul(x, lm_head_weight[:, self.tp.part(self.dim)].t(), out=out))
+        return self.tp.all_reduce(torch.bmm(x, self.proj.transpose(1, 2), out=out))
 
     def state_dict_faster_decoding(self, include_proj: bool = True) -> dict[str, torch.Tensor]:
         """Keys in the FasterDecoding layout (projection only when the heads have their own)."""

@@ -31,7 +31,7 @@ from .decode import DecodeState, ar_forward, finish_step, prefill, tree_forward
 from .detok import IncrementalDetokenizer
 from .generation import GenerationConfig
 from .graphs import StepGraphs
-from .head_trace import HeadTrace
+from .head_trace import HeadTrace, HiddenRing
 from .heads import MedusaHeads
 from .model import Transformer
 from .sampling import SamplingParams
@@ -97,12 +97,13 @@ class GraphRunner:
 
     ahead = True
 
-    def __init__(self, graphs: StepGraphs, heads: MedusaHeads | None, buf: TreeBuffers | None, choices, trace_topk: int):
-        self.graphs, self.heads, self.buf, self.trace_topk = graphs, heads, buf, trace_topk
+    def __init__(self, graphs: StepGraphs, heads: MedusaHeads | None, buf: TreeBuffers | None, choices, trace_topk: int,
+                 ring: HiddenRing | None = None):
+        self.graphs, self.heads, self.buf, self.trace_topk, self.ring = graphs, heads, buf, trace_topk, ring
         self.tree_key = StepGraphs.tree_key(choices if buf is not None else None)
 
     def launch(self, state: DecodeState, ahead: int = 0):
-        return self.graphs.launch(self.heads, self.buf, self.tree_key, state, self.trace_topk, ahead)
+        return self.graphs.launch(self.heads, self.buf, self.tree_key, state, self.trace_topk, ahead, self.ring)
 
     def collect(self, handle, state: DecodeState) -> list[StepEvent]:
         return self.graphs.collect(handle, state)

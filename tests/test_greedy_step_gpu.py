@@ -119,10 +119,10 @@ def _targets_along_paths(buf, tokens, g, plan):
 
 @pytest.mark.parametrize("n", [pytest.param(12, marks=QUICK), 63, pytest.param(255, marks=QUICK)])
 def test_greedy_accept_matches_reference(n):
-    """Kept path, packed step, next root, lengths, the last node's hidden-state row and the
-    compaction's slots equal tree_forward's torch code (verify, then its bookkeeping). Request 0
-    accepts the last path to its leaf (through non-first children), 1 nothing, 2 the first path
-    part way, 3 a random path to its leaf."""
+    """Kept path, packed step, next root and lengths (written in place), the last kept node's hidden
+    state and the compaction's slots equal tree_forward's torch code (verify, then its bookkeeping).
+    Request 0 accepts the last path to its leaf (through non-first children), 1 nothing, 2 the first
+    path part way, 3 a random path to its leaf."""
     g, buf, head_logits, root, start = _step_inputs(n, 4, 50, ("accept", n))
     tokens = decode.draft(decode.DecodeState(start, start.tolist(), root, head_logits), buf)
     paths = buf.retrieve_indices.shape[0]
@@ -130,17 +130,19 @@ def test_greedy_accept_matches_reference(n):
     target = _targets_along_paths(buf, tokens, g, plan)
     logits = torch.randn(*target.shape, 10_000 + 1000, generator=g).to(DEV).scatter_(2, target[..., None], 50.0)
     nodes, kept, next_root = RULES["greedy"].verify(buf, tokens, logits, SamplingParams(), None)
-    acc = gs.greedy_accept(buf.retrieve_indices, tokens, logits, start)
+    hidden = torch.randn(*tokens.shape, 1500, generator=g).to(BF16).to(DEV)  # wider than one block of its copy
+    lengths, next_root_in_place = start.clone(), root.clone()
+    acc = gs.greedy_accept(buf.retrieve_indices, tokens, logits, hidden, lengths, next_root_in_place)
     assert torch.equal(acc.target.ids[:, 0], target.flatten())
     torch.testing.assert_close(acc.target.lse, logits.flatten(0, 1).logsumexp(-1), rtol=1e-5, atol=1e-5)
     steps = torch.arange(nodes.shape[1], device=DEV)
-    assert torch.equal(acc.nodes, nodes) and torch.equal(acc.kept, kept) and torch.equal(acc.root, next_root)
+    assert torch.equal(acc.nodes, nodes) and torch.equal(acc.kept, kept) and torch.equal(next_root_in_place, next_root)
     assert torch.equal(acc.packed, torch.cat((kept[:, None], nodes, tokens.gather(1, nodes)), 1))
-    assert torch.equal(acc.lengths, start + kept)
+    assert torch.equal(lengths, start + kept)
     assert torch.equal(acc.src, start[:, None] + nodes)
     assert torch.equal(acc.dst, start[:, None] + torch.minimum(steps[None], kept[:, None] - 1))
-    t = tokens.shape[1]
-    assert torch.equal(acc.last_row, torch.arange(4, device=DEV) * t + nodes.gather(1, (kept - 1)[:, None])[:, 0])
+    last = nodes.gather(1, (kept - 1)[:, None])[:, 0]
+    assert torch.equal(acc.last_hidden, hidden[torch.arange(4, device=DEV), last])
     # the cases happened: nothing accepted; the last path whole, through a child of rank > 0
     last_path = buf.retrieve_indices[-1]
     assert kept[1] == 1 and kept[0] == int((last_path >= 0).sum())

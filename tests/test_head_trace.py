@@ -1,6 +1,6 @@
-"""engine/head_trace.py's path on CUDA graphs, driven on the CPU: a full pass replays a graph that
-reads the ring it was captured on, so the steps' saves must land where that replay reads them, run
-after run on one engine (the ring is kept), with requests leaving and runs closed early."""
+"""engine/head_trace.py's path on CUDA graphs, driven on the CPU: the ring's slot, which a captured AR
+step advances on the device and the host sets after the prefill and after each pass, must name the
+slot the host's bookkeeping expects, run after run on one engine's ring."""
 
 import pytest
 import torch
@@ -10,23 +10,21 @@ from engine.trace import StepEvent
 
 
 class ReplayedPass:
-    """Stands in for a captured pass's CUDA graph: a replay runs the pass over the ring's first slots."""
+    """Stands in for a captured pass's CUDA graph: a replay runs the pass over the rows it was made for."""
 
-    def __init__(self, heads, weight, topk: int, rows: torch.Tensor, out: torch.Tensor):
-        self.heads, self.weight, self.topk, self.rows, self.out = heads, weight, topk, rows, out
+    def __init__(self, heads, weight, topk: int, states: torch.Tensor, out: torch.Tensor):
+        self.heads, self.weight, self.topk, self.states, self.out = heads, weight, topk, states, out
         self.replays = 0
 
     def replay(self) -> None:
         self.replays += 1
-        self.out.copy_(pass_fields(self.heads, self.weight, self.topk, self.rows))
+        self.out.copy_(pass_fields(self.heads, self.weight, self.topk, self.states.flatten(0, 1)))
 
 
 def cpu_pass_graphs(monkeypatch) -> PassGraphs:
-    def capture(self, heads, weight, topk, ring):
-        every, batch = ring.shape[0] - 2, ring.shape[1]
-        out = torch.empty(every * batch, 2 * heads.num_heads * topk, dtype=torch.long)
-        # the CPU has no events: the host buffer is None, so a pass's fields are read where they are
-        return CapturedPass(ring, ReplayedPass(heads, weight, topk, ring[:every].flatten(0, 1), out), out, None)
+    def capture(self, heads, weight, topk, states):
+        out = torch.empty(states.shape[0] * states.shape[1], 2 * heads.num_heads * topk, dtype=torch.long)
+        return CapturedPass(ReplayedPass(heads, weight, topk, states, out), out)
 
     monkeypatch.setattr(PassGraphs, "_capture", capture)
     return PassGraphs()
@@ -34,10 +32,11 @@ def cpu_pass_graphs(monkeypatch) -> PassGraphs:
 
 def run(graphs: PassGraphs, heads, weight, topk: int, every: int, leaves: dict[int, int], ahead: bool,
         gen: torch.Generator, close_after: int | None = None):
-    """One traced AR run of len(leaves) requests (request -> its last step), its steps launched and
-    read the way the session does -> (the steps handed out, each step's hidden states and rows)."""
+    """One traced AR run of len(leaves) requests (request -> its last step), its steps launched the way
+    the session launches them -> (the steps handed out, each step's hidden states and rows)."""
     batch, last = len(leaves), max(leaves.values())
     trace = HeadTrace(heads, weight, topk, every, batch, graphs)
+    trace.host = None  # the CPU has no events: a pass's fields are read where they are
     hidden = {-1: torch.randn(batch, weight.shape[1], generator=gen)}
     rows_at = {-1: list(range(batch))}
     trace.save(-1, hidden[-1], rows_at[-1])
@@ -46,6 +45,7 @@ def run(graphs: PassGraphs, heads, weight, topk: int, every: int, leaves: dict[i
     def launch(step: int) -> None:
         rows_at[step] = [r for r in range(batch) if leaves[r] >= step]
         hidden[step] = torch.randn(len(rows_at[step]), weight.shape[1], generator=gen)
+        trace.graph_ring.write(hidden[step])  # what the step's graph does at replay
         trace.save(step, hidden[step], rows_at[step])
 
     launch(0)
@@ -70,11 +70,11 @@ def assert_heads_of_the_step_before(got, hidden, rows_at, heads, weight, topk):
 
 @pytest.mark.parametrize("every", [1, 3, 16])
 @pytest.mark.parametrize("ahead", [False, True])
-def test_replayed_passes_read_what_the_steps_saved(demo_engine, monkeypatch, every, ahead):
-    """Full passes replay the captured graph over the ring the steps saved into (possibly one step
-    ahead of the read), requests leave the batch at different steps, and every step gets the heads'
-    top-k of its request's previous hidden state, in order; a run closed early leaves the next run of
-    that batch size, on the same ring, correct."""
+def test_steps_written_by_their_graph_get_the_heads_of_the_step_before(demo_engine, monkeypatch, every, ahead):
+    """Hidden states enter the engine's ring as a captured AR step puts them there (HiddenRing.write,
+    at launch, possibly one step ahead of the read), requests leave the batch at different steps, and
+    every step gets the heads' top-k of its request's previous hidden state, in order; a run closed
+    early leaves the next run (a smaller batch, on the same ring) correct."""
     heads, weight, topk = demo_engine.heads, demo_engine.model.lm_head.weight, 4
     graphs = cpu_pass_graphs(monkeypatch)
     gen = torch.Generator().manual_seed(every)
@@ -83,13 +83,24 @@ def test_replayed_passes_read_what_the_steps_saved(demo_engine, monkeypatch, eve
     assert_heads_of_the_step_before(got, hidden, rows_at, heads, weight, topk)
     (full,) = graphs.passes.values()
     assert full.graph.replays == 41 // every  # full passes replayed; the last, partial one runs eagerly
+    ring = graphs.ring
     run(graphs, heads, weight, topk, every, {0: 30, 1: 30, 2: 30}, ahead, gen, close_after=7)
-    got, hidden, rows_at = run(graphs, heads, weight, topk, every, {0: 33, 1: 20, 2: 33}, ahead, gen)
+    got, hidden, rows_at = run(graphs, heads, weight, topk, every, {0: 33, 1: 20}, ahead, gen)
     assert_heads_of_the_step_before(got, hidden, rows_at, heads, weight, topk)
-    assert list(graphs.passes.values()) == [full] and graphs.captures == 1  # one batch size, one capture
-    got, hidden, rows_at = run(graphs, heads, weight, topk, every, {0: 19}, ahead, gen)
-    assert_heads_of_the_step_before(got, hidden, rows_at, heads, weight, topk)
-    assert graphs.captures == 2  # a batch of one has its own ring and pass
+    assert graphs.ring is ring and ring.states.shape[1] == 4  # three rows and two share one ring of four
+
+
+def test_a_larger_batch_makes_a_larger_ring_and_drops_the_passes_on_the_old_one(demo_engine, monkeypatch):
+    heads, weight = demo_engine.heads, demo_engine.model.lm_head.weight
+    graphs = cpu_pass_graphs(monkeypatch)
+    gen = torch.Generator().manual_seed(0)
+    run(graphs, heads, weight, 4, 3, {0: 10, 1: 10}, True, gen)
+    small = graphs.ring
+    assert small.states.shape[1] == 2 and len(graphs.passes) == 1
+    got, hidden, rows_at = run(graphs, heads, weight, 4, 3, {r: 9 + r for r in range(5)}, True, gen)
+    assert graphs.ring is not small and graphs.ring.states.shape[1] == 8
+    assert [key[-1] for key in graphs.passes] == [5]  # batch 5's pass, on the new ring
+    assert_heads_of_the_step_before(got, hidden, rows_at, heads, weight, 4)
 
 
 @pytest.mark.parametrize("graphed", [False, True])
@@ -102,5 +113,7 @@ def test_a_ring_made_in_inference_mode_takes_saves_made_outside_it(demo_engine, 
     with torch.inference_mode():
         trace = HeadTrace(heads, weight, 4, 3, 2, graphs)
         trace.save(-1, hidden, [0, 1])
+    if graphed:
+        trace.graph_ring.write(hidden)  # what AR step 0's graph does
     trace.save(0, hidden, [0, 1])
     assert torch.equal(trace.ring[1], hidden)

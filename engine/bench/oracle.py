@@ -16,7 +16,7 @@ from torch import nn
 
 
 class OracleHeads(nn.Module):
-    """Drop-in for MedusaHeads (`forward(h, lm_head_weight) -> [K, N, V]`). `table` [M, d]: hidden states
+    """Drop-in for MedusaHeads (`forward(h, lm_head_weight, out=None) -> [K, N, V]`). `table` [M, d]: hidden states
     of known positions; `targets` [M, K]: the token k+2 places after each (-1 past the end); `ranks`
     [M, K]: where head k puts it (0 = top-1; -1 = not in its top-k). Decoys fill the ranks above.
     `cost`: real heads of the size being measured (e.g. random MedusaHeads), run every step and their
@@ -37,12 +37,16 @@ class OracleHeads(nn.Module):
         self.vocab = vocab
         self.max_rank = int(ranks.max().clamp(min=0))  # a host int: forward runs inside CUDA graphs
 
-    def forward(self, h: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
-        """Gathers and scatters only (no boolean indexing, so no host sync): it runs inside CUDA graphs."""
+    def forward(self, h: torch.Tensor, lm_head_weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Gathers and scatters only (no boolean indexing, so no host sync): it runs inside CUDA graphs.
+        Into `out` when given, as MedusaHeads.forward."""
         idx = torch.cdist(h.float(), self.table.to(h.device)).argmin(1)  # [N]: the position each state is at
         tgt, rnk = self.targets[idx].T, self.ranks[idx].T  # [K, N]
         noise = self.noise[:, None, :].expand(-1, h.shape[0], -1)  # [K, N, V] in [0, 1)
-        logits = noise.to(h.dtype).clone() if self.cost is None else self.cost(h, lm_head_weight).copy_(noise)
+        if self.cost is not None:
+            logits = self.cost(h, lm_head_weight, out=out).copy_(noise)
+        else:
+            logits = noise.to(h.dtype).clone() if out is None else out.copy_(noise)
         known = tgt >= 0
         where = tgt.clamp(min=0)[..., None]  # [K, N, 1]; rows without a target rewrite index 0 unchanged
 

@@ -32,6 +32,7 @@ SHAPES = {
 # 63 and 64 nodes: with the root, 64 and 65 tokens; past 64 the tree block takes a second 64-key iteration and
 # mask word in the attention, and a second row tile at MHA shapes (benchmarks/README.md, "Past 64 tokens")
 TREE_SIZES = (16, 32, 63, 64)
+TOP_KERNELS = 24  # kernels listed by name per profiled step
 HEAD_ACCURACY = [[0.6, 0.15, 0.08, 0.05, 0.03]] * 4  # shapes the benchmark trees (best-first under independence)
 
 
@@ -127,7 +128,7 @@ def run_step(shapes: list[str], prefix: int, backend: str) -> dict:
                 row[f"{key}{variant}_ms"] = round(cuda_ms(step), 3)
                 if graphs is not None:
                     row[f"{key}{variant}_queued_ms"] = round(queued_ms(graphs, heads if n else None, buf, tree_key, state), 3)
-                if variant == "_graph_fused" and n in (0, 64):
+                if variant == "_graph_fused" and n in (0, 63):  # 63: issue 27's tree size
                     # where the GPU time of a step goes: the same kernels launched eagerly, and replayed
                     state = prefill(model, heads if n else None, [prompt], GREEDY, None)
                     row[f"{key}_kernels"] = kernel_breakdown(functools.partial(step, graphs=None, state=state))
@@ -240,6 +241,7 @@ def kernel_breakdown(fn, steps: int = 5) -> dict:
             fn()
         torch.cuda.synchronize()
     kinds: dict[str, list[float]] = {}
+    named: list[tuple[float, float, str]] = []  # (µs per step, launches per step, kernel name)
     for e in prof.key_averages():
         us = getattr(e, "device_time_total", None)
         if us is None:
@@ -255,11 +257,15 @@ def kernel_breakdown(fn, steps: int = 5) -> dict:
                                                                   "_trace")) else
                 "index/copy" if any(w in name for w in ("index", "copy", "memcpy", "memset", "scatter", "gather", "cat"))
                 else "other")
+        named.append((us / steps, e.count / steps, e.key))
         k = kinds.setdefault(kind, [0.0, 0])
         k[0] += us / steps / 1e3
         k[1] += e.count / steps
     total = sum(v[0] for v in kinds.values())
     return {"kernel_ms": round(total, 3), "kernels": round(sum(v[1] for v in kinds.values())),
             "by_kind": {k: {"ms": round(v[0], 3), "kernels": round(v[1])} for k, v in
-                        sorted(kinds.items(), key=lambda kv: -kv[1][0])}}
+                        sorted(kinds.items(), key=lambda kv: -kv[1][0])},
+            # which kernels: the kinds above say where time goes, these which launch to make cheaper
+            "top": [{"kernel": name[:80], "us": round(us, 2), "per_step": round(n, 2)}
+                    for us, n, name in sorted(named, reverse=True)[:TOP_KERNELS]]}
 

@@ -8,7 +8,8 @@ whatever its size (benchmarks/README.md, "SmolLM2-shape step"). Here it is:
                               in the merge's program the node tokens and positions
   `greedy_accept` 2 launches  the target's argmax and log-sum-exp at every node (the same two
                               passes), and in the merge's program the accepted path, packed step,
-                              next root and lengths, and the compaction's slots
+                              next root and lengths (in place), the compaction's slots and the last
+                              kept node's hidden state (what the next heads read)
   `trace_fields`  1 launch    the step trace (traced steps only: the untraced step runs no extra kernel)
 `row_topk` is the two passes alone (an AR step's trace). A merge and the work after it share a
 program, one per request, so the step needs no launch to wait for the merge to finish.
@@ -50,9 +51,7 @@ class Accepted:
     packed: torch.Tensor  # [B, 1 + 2W (+ trace width)]: kept, W accepted nodes, their W tokens, then the trace
     nodes: torch.Tensor  # [B, W] accepted path, root first, padded by repeating its last node (a view of packed)
     kept: torch.Tensor  # [B] (a view of packed)
-    root: torch.Tensor  # [B] next root: the target's argmax at the last kept node
-    lengths: torch.Tensor  # [B] start + kept
-    last_row: torch.Tensor  # [B] b * T + the last kept node: its row of the [B * T] hidden states feeds the next heads
+    last_hidden: torch.Tensor  # [B, d] the last kept node's hidden state: the next heads read it
     src: torch.Tensor  # [B, W] cache slots of the accepted nodes ...
     dst: torch.Tensor  # [B, W] ... and where they move (KVCache.compact)
     target: TopK  # the target's argmax and log-sum-exp at every node (rows b * T + t)
@@ -145,14 +144,15 @@ if triton is not None:
         tl.store(Positions + b * T + t, tl.load(Start + b) + tl.load(PosIds + t, mask=ok, other=0), mask=ok)
 
     @triton.jit
-    def _merge_accept(Vals, Ids, Max, SumExp, TopVals, TopIds, Lse, Retrieve, Tokens, Start, Packed, Roots, Lengths,
-                      LastRow, Src, Dst, n_chunks, T, P, W, packed_stride, BLOCK_T: tl.constexpr, ROWS: tl.constexpr,
-                      CAND: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
-                      BLOCK_W: tl.constexpr):
+    def _merge_accept(Vals, Ids, Max, SumExp, TopVals, TopIds, Lse, Retrieve, Tokens, Lengths, Packed, Roots,
+                      Hidden, LastHidden, Src, Dst, n_chunks, T, P, W, packed_stride, BLOCK_T: tl.constexpr,
+                      ROWS: tl.constexpr, CAND: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_P: tl.constexpr,
+                      BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr, DIM: tl.constexpr, BLOCK_HID: tl.constexpr):
         """Program (request): the target's argmax and log-sum-exp at each of its T nodes
         (`_merge_rows`), then every root-to-leaf path's accepted length (nodes whose token is the
         target's argmax at their parent, from the root down), the first longest path, and what
-        the step writes from it."""
+        the step writes from it. Lengths holds each request's start and gets its new length: the
+        program reads its own entry before it writes it."""
         b = tl.program_id(0)
         _merge_rows(b * T, b * T + T, Vals, Ids, Max, SumExp, TopVals, TopIds, Lse, n_chunks, 1, BLOCK_T, ROWS, CAND,
                     CHUNKS)
@@ -174,16 +174,19 @@ if triton is not None:
         node = tl.load(Retrieve + row * W + tl.minimum(w, best), mask=wok, other=0)
         kept = (best + 1).to(tl.int64)
         last = tl.load(Retrieve + row * W + best)
-        start = tl.load(Start + b)
+        start = tl.load(Lengths + b)
         out = Packed + b * packed_stride
         tl.store(out, kept)
         tl.store(out + 1 + w, node, mask=wok)
         tl.store(out + 1 + W + w, tl.load(Tokens + b * T + node, mask=wok, other=0), mask=wok)
         tl.store(Src + b * W + w, start + node, mask=wok)
         tl.store(Dst + b * W + w, start + tl.minimum(w, kept - 1), mask=wok)
-        tl.store(LastRow + b, b * T + last)
         tl.store(Roots + b, tl.load(TopIds + b * T + last))
         tl.store(Lengths + b, start + kept)
+        src = Hidden + (b * T + last).to(tl.int64) * DIM
+        for c in range(0, DIM, BLOCK_HID):  # DIM, the hidden size, is a constant of the model
+            h = c + tl.arange(0, BLOCK_HID)
+            tl.store(LastHidden + b * DIM + h, tl.load(src + h, mask=h < DIM), mask=h < DIM)
 
     @triton.jit
     def _micro(p):
@@ -296,15 +299,21 @@ def draft(head_logits: torch.Tensor, topk: int, root: torch.Tensor, tree_indices
     return out
 
 
-def greedy_accept(retrieve: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor, start: torch.Tensor,
-                  trace_width: int = 0) -> Accepted:
-    """retrieve [P, W] (root-to-leaf paths, -1 padded), node tokens [B, T], the target's logits at
-    every node [B, T, V] (`row_topk`'s layouts), start [B] -> the target's argmax and log-sum-exp
-    per node, and what the step keeps (accept.RULES["greedy"].verify and tree_forward's
-    bookkeeping), in two launches: the argmax's first pass, then its merge and the verification in
-    one program per request. `packed` gets trace_width more columns, left for `trace_fields` to fill."""
+def greedy_accept(retrieve: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor,
+                  lengths: torch.Tensor, root: torch.Tensor, trace_width: int = 0) -> Accepted:
+    """retrieve [P, W] (root-to-leaf paths, -1 padded), node tokens [B, T], the target's logits and
+    hidden states at every node [B, T, V] (`row_topk`'s layouts) and [B, T, d] (contiguous), each
+    request's length before the step [B] -> the target's argmax and log-sum-exp per node, and what
+    the step keeps (accept.RULES["greedy"].verify and tree_forward's bookkeeping), in two launches:
+    the argmax's first pass, then its merge and the verification in one program per request.
+    `lengths` and `root` [B] get the new lengths and next roots in place: a graph's static state then
+    needs no copy of them (a launch each). `packed` gets trace_width more columns, left for
+    `trace_fields` to fill."""
     b, t = tokens.shape
     paths, w = retrieve.shape
+    dim = hidden.shape[-1]
+    if not hidden.is_contiguous():
+        raise ValueError("greedy_accept needs the hidden states contiguous")
     dev = tokens.device
     chunks = _chunk_pass(logits, 1)
 
@@ -312,12 +321,13 @@ def greedy_accept(retrieve: torch.Tensor, tokens: torch.Tensor, logits: torch.Te
         return torch.empty(*shape, device=dev, dtype=torch.int64)
 
     packed = new(b, 1 + 2 * w + trace_width)
-    acc = Accepted(packed, packed[:, 1: 1 + w], packed[:, 0], new(b), new(b), new(b), new(b, w), new(b, w),
-                   _empty_topk(b * t, 1, dev))
-    _merge_accept[(b,)](*chunks.args(), acc.target.values, acc.target.ids, acc.target.lse, retrieve, tokens, start,
-                        acc.packed, acc.root, acc.lengths, acc.last_row, acc.src, acc.dst, chunks.n_chunks, t, paths, w,
-                        acc.packed.stride(0), BLOCK_T=_pow2(t, 1), ROWS=min(64, _pow2(t, 1)), BLOCK_P=_pow2(paths, 1),
-                        BLOCK_D=_pow2(w - 1, 1), BLOCK_W=_pow2(w, 1), **chunks.merge_sizes())
+    acc = Accepted(packed, packed[:, 1: 1 + w], packed[:, 0], torch.empty(b, dim, device=dev, dtype=hidden.dtype),
+                   new(b, w), new(b, w), _empty_topk(b * t, 1, dev))
+    _merge_accept[(b,)](*chunks.args(), acc.target.values, acc.target.ids, acc.target.lse, retrieve, tokens, lengths,
+                        acc.packed, root, hidden, acc.last_hidden, acc.src, acc.dst, chunks.n_chunks, t, paths, w,
+                        acc.packed.stride(0), BLOCK_T=_pow2(t, 1), ROWS=min(64, _pow2(t, 1)),
+                        BLOCK_P=_pow2(paths, 1), BLOCK_D=_pow2(w - 1, 1), BLOCK_W=_pow2(w, 1), DIM=dim,
+                        BLOCK_HID=min(1024, _pow2(dim)), **chunks.merge_sizes())
     return acc
 
 
