@@ -3,8 +3,9 @@ traced AR run's heads passes, engine/head_trace.py) does the same way.
 
 The work runs a few times eagerly on a side stream first: Triton compiles and autotunes, cuBLAS
 picks its kernels and allocates its workspace, and none of that may happen inside a capture. Those
-runs are real (they write the KV cache, advance a ring's slot), so the caller's `reset` undoes each
-one. The graph then records one more run into the caller's memory pool, whose tensors it keeps.
+runs are real (they advance lengths and a ring's slot), so the caller's `reset` puts back what a
+later run reads; what they leave past it (K/V past the lengths) is scratch. The graph then records
+one more run into the caller's memory pool, whose tensors it keeps.
 """
 
 from __future__ import annotations

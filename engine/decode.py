@@ -236,8 +236,9 @@ def _tree_forward_fused(model: Transformer, heads: MedusaHeads, buf: TreeBuffers
                    span=span or max(state.host_lengths) + t)  # [B, T, d]
     logits = model.lm_head(hidden)  # [B, T, V] in the model's dtype: the kernels read it as it is
     width = trace_width(t, k, buf.topk) if trace else 0
+    # in place: state.lengths (so `start` too) and state.root hold the next step's from here
     acc = greedy_step.greedy_accept(buf.retrieve_indices, drafted.tokens, logits, hidden, start, state.root, width)
-    model.cache.compact(acc.src, acc.dst)  # state.lengths and state.root now hold the next step's, in place
+    model.cache.compact(acc.src, acc.dst)
     # the next heads, in the model's dtype (the draft reads any; the values are those of _head_logits's cast):
     # into the state's own [K, B, V] buffer where it has one (StepGraphs' static state), which saves a graph
     # the copy of a new tensor into it, else a new tensor

@@ -31,7 +31,7 @@ from trees import TreeBuffers
 from .accept import RULES, Rule
 from .attention import READS_LIVE_LENGTH
 from .cudagraph import capture
-from .decode import DecodeState, StepTensors, ar_forward, finish_step, tree_forward
+from .decode import DecodeState, StepTensors, ar_forward, finish_step, fused_greedy, tree_forward
 from .head_trace import HiddenRing
 from .heads import MedusaHeads
 from .model import Transformer
@@ -46,7 +46,8 @@ SDPA_BUCKET = 512
 @dataclass
 class _Captured:
     graph: torch.cuda.CUDAGraph
-    state: DecodeState  # static inputs and outputs: lengths [B], root [B], head_logits [B, K, V]
+    state: DecodeState  # static inputs and outputs: lengths [B], root [B], head_logits [B, K, V] (for the
+    # fused tree step, a view of a [K, B, V] buffer in the model's dtype, which the step writes in place)
     out: StepTensors  # static outputs of the last replay
     host: tuple[torch.Tensor, torch.Tensor]  # two pinned copies of out.packed, used in turn
     turn: int = 0
@@ -147,6 +148,7 @@ class StepGraphs:
         static = state.clone()
         if buf is not None:
             buf = self.trees.setdefault(tree_key, buf)
+        if buf is not None and fused_greedy(self.model, RULES["greedy"], state):
             # the heads' logits as the heads write them, [K, B, V] in the model's dtype seen as [B, K, V]: the
             # fused step writes them in place (decode._tree_forward_fused), and no copy joins the graph
             k_b_v = state.head_logits.transpose(0, 1)
@@ -165,7 +167,8 @@ class StepGraphs:
             static.copy_(work)
             return out
 
-        # warm-up steps run for real: each is undone (K/V past the lengths, and the ring's slot, are scratch)
+        # warm-up steps run for real: each is undone (the static state and the ring's slot are restored; the
+        # K/V past the lengths and the ring's row at the slot are scratch, written again by the real step)
         saved = static.clone()
         saved_slot = ring.slot.clone() if ring is not None else None
 

@@ -82,9 +82,9 @@ def micro_tolerance(*logits) -> float:
     return 2 + 1e6 * 8 * 2.0 ** -24 * 2 * biggest
 
 
-def _step_inputs(n: int, batch: int, vocab: int, case):
+def _step_inputs(n: int, batch: int, vocab: int, case, tree: list[list[int]] | None = None):
     g = gen_of(*case)
-    buf = trees.buffers(random_tree(n, zlib.crc32(repr(case).encode())), topk=10).to(DEV)
+    buf = trees.buffers(tree or random_tree(n, zlib.crc32(repr(case).encode())), topk=10).to(DEV)
     heads = buf.retrieve_indices.shape[1] + 1
     head_logits = torch.randn(batch, heads, vocab, generator=g).to(DEV)
     root = torch.randint(0, vocab, (batch,), generator=g).to(DEV)
@@ -117,16 +117,20 @@ def _targets_along_paths(buf, tokens, g, plan):
     return target
 
 
-@pytest.mark.parametrize("n", [pytest.param(12, marks=QUICK), 63, pytest.param(255, marks=QUICK)])
+DEEP = [[0] * d for d in range(1, 41)] + [[1], [0, 1]]  # a 40-deep chain: its path's slots span two warps and more
+
+
+@pytest.mark.parametrize("n", [pytest.param(12, marks=QUICK), 63, pytest.param(255, marks=QUICK), "deep"])
 def test_greedy_accept_matches_reference(n):
     """Kept path, packed step, next root and lengths (written in place), the last kept node's hidden
     state and the compaction's slots equal tree_forward's torch code (verify, then its bookkeeping).
     Request 0 accepts the last path to its leaf (through non-first children), 1 nothing, 2 the first
-    path part way, 3 a random path to its leaf."""
-    g, buf, head_logits, root, start = _step_inputs(n, 4, 50, ("accept", n))
+    path part way, 3 a random path to its leaf; on the deep tree request 0 accepts its 40-deep chain."""
+    g, buf, head_logits, root, start = _step_inputs(n, 4, 50, ("accept", n), DEEP if n == "deep" else None)
     tokens = decode.draft(decode.DecodeState(start, start.tolist(), root, head_logits), buf)
     paths = buf.retrieve_indices.shape[0]
-    plan = [(paths - 1, 99), (0, 0), (0, 2), (int(torch.randint(0, paths, (1,), generator=g)), 99)]
+    first = int((buf.retrieve_indices >= 0).sum(1).argmax()) if n == "deep" else paths - 1
+    plan = [(first, 99), (0, 0), (0, 2), (int(torch.randint(0, paths, (1,), generator=g)), 99)]
     target = _targets_along_paths(buf, tokens, g, plan)
     logits = torch.randn(*target.shape, 10_000 + 1000, generator=g).to(DEV).scatter_(2, target[..., None], 50.0)
     nodes, kept, next_root = RULES["greedy"].verify(buf, tokens, logits, SamplingParams(), None)
@@ -143,11 +147,13 @@ def test_greedy_accept_matches_reference(n):
     assert torch.equal(acc.dst, start[:, None] + torch.minimum(steps[None], kept[:, None] - 1))
     last = nodes.gather(1, (kept - 1)[:, None])[:, 0]
     assert torch.equal(acc.last_hidden, hidden[torch.arange(4, device=DEV), last])
-    # the cases happened: nothing accepted; the last path whole, through a child of rank > 0
-    last_path = buf.retrieve_indices[-1]
-    assert kept[1] == 1 and kept[0] == int((last_path >= 0).sum())
-    ranks = (buf.tree_indices - 1) % buf.topk
-    assert (ranks[nodes[0, 1: int(kept[0])]] > 0).any()
+    # the cases happened: nothing accepted; request 0's path whole (the deep chain, else through a child of rank > 0)
+    assert kept[1] == 1 and kept[0] == int((buf.retrieve_indices[first] >= 0).sum())
+    if n == "deep":
+        assert kept[0] == 41
+    else:
+        ranks = (buf.tree_indices - 1) % buf.topk
+        assert (ranks[nodes[0, 1: int(kept[0])]] > 0).any()
 
 
 @pytest.mark.parametrize("n, dtype", [pytest.param(12, F32, marks=QUICK), (63, BF16),

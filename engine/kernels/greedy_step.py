@@ -182,6 +182,7 @@ if triton is not None:
         tl.store(Src + b * W + w, start + node, mask=wok)
         tl.store(Dst + b * W + w, start + tl.minimum(w, kept - 1), mask=wok)
         tl.store(Roots + b, tl.load(TopIds + b * T + last))
+        tl.debug_barrier()  # every thread has read its request's start (Src, Dst above) before it is replaced
         tl.store(Lengths + b, start + kept)
         src = Hidden + (b * T + last).to(tl.int64) * DIM
         for c in range(0, DIM, BLOCK_HID):  # DIM, the hidden size, is a constant of the model
