@@ -78,5 +78,5 @@ else
   run demo_gpu_e2e_128_fp32 python3 -m engine bench --part e2e --prompts-file $P --prompts 12 --max-new-tokens 128 \
       --no-stop-on-eos --rounds 1 --no-transformers --dtype float32 --trees demo_tuned,mc_sim_7b_63
   run gpu_e2e_llama2_7b_skinny python3 -m engine bench --part e2e --shape llama2-7b --prompts 4 --max-new-tokens 256 \
-      --no-stop-on-eos --rounds 2 --trees demo_tuned,mc_sim_7b_63 --skinny-gemm
+      --no-stop-on-eos --rounds 2 --trees demo_tuned,mc_sim_7b_63 --gemm skinny
 fi

@@ -1,5 +1,6 @@
 """Capturing one CUDA graph: what every captured path here (the greedy steps, engine/graphs.py; a
-traced AR run's heads passes, engine/head_trace.py) does the same way.
+traced AR run's heads passes, engine/head_trace.py) does the same way; and timing work as a graph
+replays it (`graphed_us`: the GEMM choice, engine/gemm_choice.py, and `bench --part step`).
 
 The work runs a few times eagerly on a side stream first: Triton compiles and autotunes, cuBLAS
 picks its kernels and allocates its workspace, and none of that may happen inside a capture. Those
@@ -32,3 +33,22 @@ def capture(run: Callable[[], T], warmups: int, pool, reset: Callable[[], None] 
     with torch.cuda.graph(graph, pool=pool):
         out = run()
     return graph, out
+
+
+def graphed_us(call: Callable[[T], object], items: list[T], replays: int = 20, calls: int = 64) -> float:
+    """µs per call of `call(item)` for each item in turn, as a step's graph runs it: the items repeated to at
+    least `calls` calls, captured into one graph and replayed (a replay's launch and synchronisation, ~15 µs,
+    then adds < 0.3 µs a call); the median over `replays` timed replays."""
+    order = list(items) * -(-calls // len(items))
+    graph, _ = capture(lambda: [call(item) for item in order], warmups=1, pool=None)
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2] * 1e3 / len(order)

@@ -508,7 +508,7 @@ def load(
     backend: str | None = None,
     tp: TP = SINGLE,
     cuda_graphs: bool | None = None,
-    skinny_gemm: bool = False,
+    gemm: str = "cublas",
 ) -> Engine:
     """Load a local Llama-family model and its Medusa heads.
 
@@ -522,8 +522,9 @@ def load(
     backend: attention backend (None: triton on CUDA, sdpa elsewhere). tp: this process's place in
     a tensor-parallel group (`engine.tp.init_from_env`); every rank then runs the same generate calls
     and gets the same tokens. cuda_graphs: replay greedy steps from captured CUDA graphs, with the
-    fused Triton kernels (None = on when the device is CUDA). skinny_gemm: with graphs, projections run
-    through engine/kernels/gemv.py instead of cuBLAS.
+    fused Triton kernels (None = on when the device is CUDA). gemm: with graphs, which GEMM runs the
+    projections: "cublas", "skinny" (engine/kernels/gemv.py) or "auto" (per weight shape and row count,
+    whichever is faster on this GPU, timed once; engine/gemm_choice.py).
     """
     dev = parse_device(device)
     dt = parse_dtype(dtype, dev)
@@ -536,7 +537,7 @@ def load(
     model_dir = folder.base_dir() if folder is not None else resolve_model_dir(model)
     if folder is not None and heads is None:
         heads = folder.path
-    base, medusa_sd, _ = load_base(model_dir, dev, dt, tp, backend=backend, fused=graphs, skinny_gemm=skinny_gemm)
+    base, medusa_sd, _ = load_base(model_dir, dev, dt, tp, backend=backend, fused=graphs, gemm=gemm)
     medusa, source, tree_dir = None, None, None
     if heads is not False:
         if heads is not None and heads is not True:

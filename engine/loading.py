@@ -18,6 +18,7 @@ from safetensors import safe_open
 import trees
 
 from .config import ModelArgs, ModelLoadError, rope_inv_freq
+from .gemm_choice import GEMMS
 from .heads import MedusaHeads, heads_from_state_dict, heads_from_tensors
 from .model import Transformer
 from .tp import SINGLE, TP, check_divisible, is_row_parallel_bias, shard_dim
@@ -206,15 +207,18 @@ def check_backend(backend: str, device: torch.device, dtype: torch.dtype | None 
 
 
 def build_model(args: ModelArgs, tp: TP = SINGLE, device: str | torch.device = "meta", backend: str = "sdpa",
-                fused: bool = False, skinny_gemm: bool = False) -> Transformer:
+                fused: bool = False, gemm: str = "cublas") -> Transformer:
     """An unfilled Transformer (on the meta device by default: no memory until `fill_model`).
     fused=True (CUDA graphs) stacks q/k/v and gate/up once filled and runs the Triton pointwise
     kernels; it needs a head dim whose half is a power of two (64, 128), else the references run.
-    skinny_gemm=True (with fused) also runs the projections through engine/kernels/gemv.py."""
+    gemm (with fused): which GEMM runs the projections, one of gemm_choice.GEMMS ("cublas", "skinny":
+    engine/kernels/gemv.py, "auto": per shape whichever is faster here)."""
+    if gemm not in GEMMS:
+        raise ModelLoadError(f"gemm must be one of {', '.join(GEMMS)}, not {gemm!r}")
     half = args.head_dim // 2
     fused = fused and half & (half - 1) == 0
     with torch.device(device):
-        model = Transformer(args, tp, backend=backend, fused=fused, skinny_gemm=fused and skinny_gemm)
+        model = Transformer(args, tp, backend=backend, fused=fused, gemm=gemm if fused else "cublas")
     return model
 
 
@@ -378,12 +382,12 @@ def _tensors(path: Path, tp: TP):
 
 
 def load_base(model_dir: Path, device, dtype, tp: TP = SINGLE, backend: str = "sdpa", fused: bool = False,
-              skinny_gemm: bool = False) -> tuple[Transformer, dict[str, torch.Tensor], int]:
+              gemm: str = "cublas") -> tuple[Transformer, dict[str, torch.Tensor], int]:
     """The Transformer of a model directory (this rank's shard under `tp`), every parameter filled
     by name. -> (model, any `medusa_head.*` tensors, bytes read)."""
     args = read_config(model_dir)
     check_divisible(args, tp.world, str(model_dir / "config.json"))
-    model = build_model(args, tp, backend=backend, fused=fused, skinny_gemm=skinny_gemm)
+    model = build_model(args, tp, backend=backend, fused=fused, gemm=gemm)
     tensors = (kv for f in base_weight_files(model_dir) for kv in _tensors(f, tp))
     return fill_model(model, tensors, device, dtype, str(model_dir))
 

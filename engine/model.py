@@ -8,8 +8,9 @@ length for the whole batch: prefill, training) or a [B] device tensor of per-req
 
 How it runs is fixed when it is built (`loading.build_model`): the attention `backend`, and `fused`
 (CUDA graphs on): q/k/v and gate/up stacked into one GEMM each, and the pointwise work done by the
-Triton kernels in engine/kernels/ (their torch references are the unfused path); `skinny_gemm`
-(with fused) runs the projections through our skinny-GEMM kernel instead of cuBLAS.
+Triton kernels in engine/kernels/ (their torch references are the unfused path); `gemm` (with
+fused) says which GEMM runs the projections: cuBLAS, our skinny GEMM, or per shape whichever is
+faster on this GPU (engine/gemm_choice.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from torch import nn
 
 from .attention import AttentionContext, attention
 from .config import ModelArgs, rope_inv_freq
-from .kernels import compact, gemv, pointwise, rope
+from .gemm_choice import GemmChoice
+from .kernels import compact, pointwise, rope
 from .tp import SINGLE, TP
 
 
@@ -66,9 +68,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
 
-def proj(layer: nn.Linear, x: torch.Tensor, skinny: bool) -> torch.Tensor:
-    """A projection: cuBLAS, or our skinny-GEMM kernel (engine/kernels/gemv.py) when `skinny`."""
-    return gemv.linear(x, layer.weight, layer.bias) if skinny else layer(x)
+def proj(layer: nn.Linear, x: torch.Tensor, gemm: GemmChoice | None) -> torch.Tensor:
+    """A projection: the layer itself (cuBLAS on CUDA), or the GEMM that `gemm` chose for it."""
+    return gemm.linear(layer, x) if gemm is not None else layer(x)
 
 
 def _stacked(parts: tuple[nn.Linear, ...]) -> nn.Linear:
@@ -105,12 +107,12 @@ class Attention(nn.Module):
         del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope_cs, cache: KVCache | None, layer: int,
-                ctx: AttentionContext | None, inv_freq: torch.Tensor, fused: bool, skinny: bool = False) -> torch.Tensor:
+                ctx: AttentionContext | None, inv_freq: torch.Tensor, fused: bool, gemm: GemmChoice | None = None) -> torch.Tensor:
         b, t, _ = x.shape
         hd = self.head_dim
         if fused and cache is not None:  # one kernel: RoPE on q and k, k and v written into the cache
             start = ctx.start if isinstance(ctx.start, torch.Tensor) else torch.full((b,), ctx.start, device=x.device)
-            q = rope.rope_qkv_to_cache(proj(self.qkv_proj, x, skinny), positions, inv_freq, cache.k[layer],
+            q = rope.rope_qkv_to_cache(proj(self.qkv_proj, x, gemm), positions, inv_freq, cache.k[layer],
                                        cache.v[layer], start, self.n_heads, self.n_kv_heads)
         else:
             if self.qkv_proj is not None:
@@ -130,7 +132,7 @@ class Attention(nn.Module):
             else:
                 rope.write_cache_reference(cache.k[layer], cache.v[layer], k, v, ctx.start)
         out = attention(q, cache.k[layer, :b], cache.v[layer, :b], ctx)  # the triton kernel lays it out [B, T, H, D]
-        return proj(self.o_proj, out.transpose(1, 2).reshape(b, t, self.n_heads * hd), skinny)
+        return proj(self.o_proj, out.transpose(1, 2).reshape(b, t, self.n_heads * hd), gemm)
 
 
 class FeedForward(nn.Module):
@@ -146,13 +148,13 @@ class FeedForward(nn.Module):
         self.gate_up_proj = _stacked((self.gate_proj, self.up_proj))
         del self.gate_proj, self.up_proj
 
-    def forward(self, x: torch.Tensor, fused: bool, skinny: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fused: bool, gemm: GemmChoice | None = None) -> torch.Tensor:
         if self.gate_up_proj is not None:
-            gate_up = proj(self.gate_up_proj, x, skinny)
+            gate_up = proj(self.gate_up_proj, x, gemm)
         else:
             gate_up = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
         act = pointwise.silu_mul(gate_up) if fused else pointwise.silu_mul_reference(gate_up)
-        return proj(self.down_proj, act, skinny)
+        return proj(self.down_proj, act, gemm)
 
 
 class Block(nn.Module):
@@ -169,9 +171,10 @@ class Transformer(nn.Module):
     With `tp` this is one rank's shard (engine/tp.py says what is split and how)."""
 
     def __init__(self, args: ModelArgs, tp: TP = SINGLE, backend: str = "sdpa", fused: bool = False,
-                 skinny_gemm: bool = False):
+                 gemm: str = "cublas"):
         super().__init__()
-        self.args, self.tp, self.backend, self.fused, self.skinny_gemm = args, tp, backend, fused, skinny_gemm
+        self.args, self.tp, self.backend, self.fused, self.gemm = args, tp, backend, fused, gemm
+        self.gemm_choice: GemmChoice | None = None  # made at the first fused forward, once the weights are final
         self.embed_tokens = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(Block(args, tp) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim)
@@ -197,6 +200,17 @@ class Transformer(nn.Module):
             self.cache = None  # free the old one before allocating the new one
             self.cache = KVCache(self.args, batch, capacity, w.device, w.dtype, self.args.n_kv_heads // self.tp.world)
         return self.cache
+
+    def _gemm_choice(self) -> GemmChoice | None:
+        """None (each projection its own Linear: cuBLAS) unless `gemm` asks for more; made once, over the
+        stacked projection weights (every layer's, so `auto` times a shape over all of them)."""
+        if self.gemm == "cublas":
+            return None
+        if self.gemm_choice is None:
+            weights = [p.weight for layer in self.layers
+                       for p in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+            self.gemm_choice = GemmChoice(self.gemm, weights)
+        return self.gemm_choice
 
     def _norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, fused: bool):
         """-> (x + residual, RMSNorm of it): one kernel on the fused path (x updated in place there)."""
@@ -240,11 +254,11 @@ class Transformer(nn.Module):
         # x += attn(norm(x)); x += mlp(norm(x)); ... norm(x), each residual add fused into the next norm
         first = self.layers[0].input_layernorm if len(self.layers) else self.norm
         x, h = self._norm(x, None, first.weight, fused)
-        skinny = fused and self.skinny_gemm
+        gemm = self._gemm_choice() if fused else None
         for i, layer in enumerate(self.layers):
-            out = self.tp.all_reduce(layer.self_attn(h, positions, rope_cs, cache, i, ctx, self.inv_freq, fused, skinny))
+            out = self.tp.all_reduce(layer.self_attn(h, positions, rope_cs, cache, i, ctx, self.inv_freq, fused, gemm))
             x, h = self._norm(x, out, layer.post_attention_layernorm.weight, fused)
-            out = self.tp.all_reduce(layer.mlp(h, fused, skinny))
+            out = self.tp.all_reduce(layer.mlp(h, fused, gemm))
             nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
             x, h = self._norm(x, out, nxt.weight, fused)
         return h

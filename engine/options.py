@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 
 from .attention import BACKENDS
+from .gemm_choice import GEMMS
 from .generation import GenerationConfig
 
 
@@ -44,8 +45,9 @@ def add_model_arguments(p: argparse.ArgumentParser, heads: bool = True) -> None:
     p.add_argument("--max-seq-len", type=positive_int, default=None, help="cap the context (default: the model's)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="replay greedy steps from CUDA graphs with fused kernels (default: on with CUDA)")
-    p.add_argument("--skinny-gemm", action=argparse.BooleanOptionalAction, default=False,
-                   help="with CUDA graphs: projections through our skinny-GEMM kernel instead of cuBLAS")
+    p.add_argument("--gemm", default="cublas", choices=GEMMS,
+                   help="with CUDA graphs, the projections' GEMM: cuBLAS, our skinny GEMM, or per shape whichever "
+                        "is faster on this GPU (timed once; default: %(default)s)")
 
 
 def load_from_arguments(a: argparse.Namespace, tp=None, device=None):
@@ -55,7 +57,7 @@ def load_from_arguments(a: argparse.Namespace, tp=None, device=None):
 
     heads = False if getattr(a, "no_heads", False) else getattr(a, "heads", None)
     return load(a.model, heads=heads, device=device or a.device, dtype=a.dtype, max_seq_len=a.max_seq_len,
-                backend=a.backend, tp=tp or SINGLE, cuda_graphs=a.cuda_graphs, skinny_gemm=a.skinny_gemm)
+                backend=a.backend, tp=tp or SINGLE, cuda_graphs=a.cuda_graphs, gemm=a.gemm)
 
 
 def add_generation_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = (), **defaults) -> None:

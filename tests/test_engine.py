@@ -361,12 +361,14 @@ def test_compaction_reference_gathers_before_writing():
 @pytest.mark.parametrize("sm", [78, 132])
 def test_skinny_gemm_splits_fill_the_gpu_without_overflowing_the_workspace(sm):
     """The K splits the skinny GEMM's tuner may time give one to four programs per SM (or, where none does, the
-    one nearest); none for N of 64 outputs per SM and more, which then get no workspace and no counter memset;
-    the partials' workspace is sized from the same rule, so no timed config writes past it."""
-    from engine.kernels.gemv import BLOCKS, SPLIT_BELOW, max_split, splits_for
+    one nearest); none for N of 64 outputs per SM and more, which then get no workspace; the counters cover the
+    column blocks of any N that may split, and the partials' workspace is sized from the same rule, so no timed config writes past it."""
+    from engine.kernels.gemv import BLOCKS, MIN_BLOCK_N, SPLIT_BELOW, max_split, splits_for
 
-    for n in (256, 1000, 4096, 11008, 12288, 22016, 32000, 152064):
+    for n in (256, 1000, 4096, 11008, 12288, 22016, 32000, 152064, SPLIT_BELOW * sm - 1):
         assert (max_split(n, sm) == 1) == (n >= SPLIT_BELOW * sm)
+        if max_split(n, sm) > 1:
+            assert -(-n // MIN_BLOCK_N) <= SPLIT_BELOW * sm // MIN_BLOCK_N  # gemv.split_counters' size
         for bn, *_ in BLOCKS:
             blocks = -(-n // bn)
             splits = splits_for(n, bn, sm)

@@ -236,13 +236,15 @@ def test_every_skinny_config_matches_reference(m, n, k):
             assert rel_err(out, ref) < TOL[BF16], c
             ran += 1
     assert ran >= len(configs)  # at most half were too large for shared memory
+    assert not gemv.split_counters(x.device).any(), "a split left its counter set: the next call would go wrong"
 
 
 @QUICK
 def test_split_k_gemms_replayed_from_one_graph_stay_exact():
-    """Split-K's last-arriving split adds the partials, counted on counters zeroed per call: GEMMs (as tuned,
-    plus one forced to split K 8 ways and one forced not to split; one with bias) captured into one CUDA graph
-    and replayed on new inputs must equal the reference every replay, as a step's graph runs them."""
+    """Split-K's last-arriving split adds the partials, counted on the device's counters, which it sets back to
+    zero: GEMMs (as tuned, plus one forced to split K 8 ways and one forced not to split; one with bias) captured
+    into one CUDA graph and replayed on new inputs must equal the reference every replay, as a step's graph runs
+    them, and leave every counter at zero."""
     from engine.kernels import gemv
 
     gen = torch.Generator(device="cuda").manual_seed(seed_of("gemv-graph"))
@@ -273,3 +275,41 @@ def test_split_k_gemms_replayed_from_one_graph_stay_exact():
             b = bs[i]
             ref = gemv.linear_reference(xs[i].double(), ws[i].double(), b.double() if b is not None else None)
             assert rel_err(out, ref) < TOL[BF16]
+        assert not gemv.split_counters(xs[0].device).any()
+
+
+@QUICK
+def test_auto_gemm_times_on_the_gpu_and_stays_exact():
+    """`gemm=auto` (engine/gemm_choice.py) times cuBLAS and ours over every layer's weight of a shape, then runs
+    the faster: the output equals the reference either way; a row count first met inside a graph capture runs
+    cuBLAS there, untimed, and is timed at its first eager call."""
+    from torch import nn
+
+    from engine.gemm_choice import GemmChoice
+    from engine.kernels import gemv
+
+    gen = torch.Generator(device="cuda").manual_seed(seed_of("gemm-auto"))
+    layers = [nn.Linear(4096, 1024, bias=i == 0, device="cuda", dtype=BF16) for i in range(4)]
+    with torch.no_grad():
+        for layer in layers:
+            layer.weight.copy_(torch.randn(layer.weight.shape, device="cuda", generator=gen) / 64)
+    choice = GemmChoice("auto", [layer.weight for layer in layers])
+    for rows in (1, 40):
+        x = torch.randn(rows, 4096, device="cuda", generator=gen).to(BF16)
+        for layer in layers[:2]:
+            ref = gemv.linear_reference(x.double(), layer.weight.double(),
+                                        layer.bias.double() if layer.bias is not None else None)
+            assert rel_err(choice.linear(layer, x), ref) < TOL[BF16]
+    timed = choice.chosen()
+    assert [(t["N"], t["K"], t["rows"]) for t in timed] == [(1024, 4096, 1), (1024, 4096, 40)]
+    assert all(t["cublas_us"] > 0 and t["ours_us"] > 0 for t in timed)
+    x = torch.randn(7, 4096, device="cuda", generator=gen).to(BF16)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = choice.linear(layers[1], x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert len(choice.chosen()) == 2 and rel_err(out, gemv.linear_reference(x.double(), layers[1].weight.double())) < TOL[BF16]
+    choice.linear(layers[1], x)
+    assert len(choice.chosen()) == 3

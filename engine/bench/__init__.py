@@ -82,13 +82,13 @@ def run_bench(a) -> int:
             from .e2e import run_e2e_shape
 
             res = run_e2e_shape(a.shape, tree_names, a.prompts or 4, a.prompt_len, cfg.max_new_tokens, a.rounds,
-                                backend, bool(a.skinny_gemm), dtype, device)
+                                backend, a.gemm, dtype, device)
         else:
             from .batch import run_batch
             from .oracle import oracle_engine
 
             _, eng, ids, about = oracle_engine(a.shape, a.prompts or 4, a.prompt_len, cfg.max_new_tokens,
-                                               backend, bool(a.skinny_gemm), dtype, device)
+                                               backend, a.gemm, dtype, device)
             res = {**about, **run_batch(eng, ids, cfg, a.batches, a.sizes, None,
                                         tree_names if a.trees else None)}
         print(json.dumps({"part": a.part, "date": time.strftime("%Y-%m-%d"),

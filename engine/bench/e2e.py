@@ -120,14 +120,14 @@ def run_e2e(eng, prompts: list[list[int]], cfg: GenerationConfig, tree_names: li
 
 
 def run_e2e_shape(shape: str, tree_names: list[str], prompts: int, prompt_len: int, max_new: int, rounds: int,
-                  backend: str, skinny_gemm: bool = False, dtype: str = "bfloat16", device: str = "cuda") -> dict:
+                  backend: str, gemm: str = "cublas", dtype: str = "bfloat16", device: str = "cuda") -> dict:
     """The engine end to end on a random-weight model of a real shape with oracle drafts
     (`oracle.oracle_engine`), with `transformers` generate on the same weights as the peer."""
     import torch
 
     from .oracle import oracle_engine
 
-    hf, eng, ids, about = oracle_engine(shape, prompts, prompt_len, max_new, backend, skinny_gemm, dtype, device)
+    hf, eng, ids, about = oracle_engine(shape, prompts, prompt_len, max_new, backend, gemm, dtype, device)
     cfg = GenerationConfig(max_new_tokens=max_new, mode="ar", stop_on_eos=False)
 
     def hf_run(p):

@@ -136,7 +136,7 @@ def sampled_ranks(rank_probs: list[list[float]], seed: int = 0):
     return rank_of
 
 
-def oracle_engine(shape: str, prompts: int, prompt_len: int, max_new: int, backend: str, skinny_gemm: bool = False,
+def oracle_engine(shape: str, prompts: int, prompt_len: int, max_new: int, backend: str, gemm: str = "cublas",
                   dtype: str = "bfloat16", device: str = "cuda"):
     """An Engine (CUDA graphs on CUDA) on a decisive random-weight model of a real shape (bench/step.py's SHAPES)
     with oracle drafts for `prompts` random prompts: their AR greedy continuations are computed first,
@@ -156,7 +156,7 @@ def oracle_engine(shape: str, prompts: int, prompt_len: int, max_new: int, backe
     from .step import random_pair
 
     cuda = device.startswith("cuda")
-    hf, model = random_pair(shape, backend, fused=cuda, skinny_gemm=skinny_gemm, dtype=dtype, decisive=True, device=device)
+    hf, model = random_pair(shape, backend, fused=cuda, gemm=gemm, dtype=dtype, decisive=True, device=device)
     eng = Engine(model, None, None, shape, "oracle", cuda_graphs=cuda)
     g = torch.Generator().manual_seed(0)
     ids = [torch.randint(RESERVED, model.args.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(prompts)]
@@ -177,6 +177,6 @@ def oracle_engine(shape: str, prompts: int, prompt_len: int, max_new: int, backe
              "(ResBlock + own lm_head) for their cost",
              "oracle_positions_distinct": len(set(keys)) == len(keys),
              "head_top1_used": [round(a[0], 3) for a in acc], "prompts": prompts, "prompt_len": prompt_len,
-             "max_new_tokens": max_new, "backend": backend, "cuda_graphs": cuda, "skinny_gemm": skinny_gemm and cuda,
+             "max_new_tokens": max_new, "backend": backend, "cuda_graphs": cuda, "gemm": gemm if cuda else "cublas",
              "device": device}
     return hf, eng, ids, about

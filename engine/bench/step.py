@@ -13,6 +13,7 @@ import trees
 
 from ..accept import RULES
 from ..config import ModelArgs
+from ..cudagraph import graphed_us
 from ..decode import ar_step, prefill, tree_step
 from ..graphs import GREEDY, StepGraphs
 from ..heads import MedusaHeads
@@ -36,7 +37,7 @@ TOP_KERNELS = 24  # kernels listed by name per profiled step
 HEAD_ACCURACY = [[0.6, 0.15, 0.08, 0.05, 0.03]] * 4  # shapes the benchmark trees (best-first under independence)
 
 
-def random_pair(shape: str, backend: str, fused: bool, hf=None, skinny_gemm: bool = False, dtype: str = "bfloat16",
+def random_pair(shape: str, backend: str, fused: bool, hf=None, gemm: str = "cublas", dtype: str = "bfloat16",
                 decisive: bool = False, device: str = "cuda"):
     """(transformers model with random weights (bf16 unless told) on `device`, our model sharing its
     tensors). decisive: the weights rewritten by `oracle.make_decisive` (greedy output robust to rounding)."""
@@ -53,7 +54,7 @@ def random_pair(shape: str, backend: str, fused: bool, hf=None, skinny_gemm: boo
 
             make_decisive(hf)
     args = ModelArgs.from_hf_config({**cfg.to_dict(), "model_type": "llama"}, where=shape)
-    ours, _, _ = fill_model(build_model(args, backend=backend, fused=fused, skinny_gemm=skinny_gemm),
+    ours, _, _ = fill_model(build_model(args, backend=backend, fused=fused, gemm=gemm),
                             hf.state_dict().items(), device, dt, shape, share=True)
     return hf, ours
 
@@ -101,7 +102,8 @@ def run_step(shapes: list[str], prefix: int, backend: str) -> dict:
     for name in shapes:
         hf, plain = random_pair(name, backend, fused=False)
         _, fused = random_pair(name, backend, fused=True, hf=hf)
-        _, skinny = random_pair(name, backend, fused=True, hf=hf, skinny_gemm=True)
+        _, skinny = random_pair(name, backend, fused=True, hf=hf, gemm="skinny")
+        _, auto = random_pair(name, backend, fused=True, hf=hf, gemm="auto")
         heads = random_heads(hf.config.hidden_size)
         weight_bytes = sum(v.numel() * v.element_size() for k, v in hf.state_dict().items() if "embed_tokens" not in k)
         floor_ms = weight_bytes / bw * 1e3
@@ -111,7 +113,7 @@ def run_step(shapes: list[str], prefix: int, backend: str) -> dict:
         buf_of = {n: trees.buffers(c, topk=10).to("cuda") if n else None for n, c in tree_of.items()}
         row["gemm"] = gemm_table(fused, bw)
         for variant, model, graphed in (("", plain, False), ("_graph", plain, True), ("_graph_fused", fused, True),
-                                        ("_graph_fused_skinny", skinny, True)):
+                                        ("_graph_fused_skinny", skinny, True), ("_graph_fused_auto", auto, True)):
             model.setup_cache(1, prefix + 1024)
             graphs = StepGraphs(model) if graphed else None
             for n, choices in tree_of.items():
@@ -128,14 +130,16 @@ def run_step(shapes: list[str], prefix: int, backend: str) -> dict:
                 row[f"{key}{variant}_ms"] = round(cuda_ms(step), 3)
                 if graphs is not None:
                     row[f"{key}{variant}_queued_ms"] = round(queued_ms(graphs, heads if n else None, buf, tree_key, state), 3)
-                if variant == "_graph_fused" and n in (0, 63):  # 63: issue 27's tree size
+                if variant in ("_graph_fused", "_graph_fused_auto") and n in (0, 63):  # 63: issue 27's tree size
                     # where the GPU time of a step goes: the same kernels launched eagerly, and replayed
                     state = prefill(model, heads if n else None, [prompt], GREEDY, None)
-                    row[f"{key}_kernels"] = kernel_breakdown(functools.partial(step, graphs=None, state=state))
-                    row[f"{key}_graph_kernels"] = kernel_breakdown(step)
+                    name_ = key + variant.removeprefix("_graph_fused")
+                    row[f"{name_}_kernels"] = kernel_breakdown(functools.partial(step, graphs=None, state=state))
+                    row[f"{name_}_graph_kernels"] = kernel_breakdown(step)
             model.cache = None
-        for v in ("", "_graph", "_graph_fused", "_graph_fused_skinny", "_graph_queued", "_graph_fused_queued",
-                  "_graph_fused_skinny_queued"):
+        row["gemm_choice"] = auto.gemm_choice.chosen() if auto.gemm_choice is not None else []
+        for v in ("", "_graph", "_graph_fused", "_graph_fused_skinny", "_graph_fused_auto", "_graph_queued",
+                  "_graph_fused_queued", "_graph_fused_skinny_queued", "_graph_fused_auto_queued"):
             row[f"ar{v}_over_floor"] = round(row[f"ar{v}_ms"] / floor_ms, 3)
             for n in TREE_SIZES:
                 row[f"tree_{n}{v}_over_ar{v}"] = round(row[f"tree_{n}{v}_ms"] / row[f"ar{v}_ms"], 3)
@@ -149,7 +153,7 @@ def run_step(shapes: list[str], prefix: int, backend: str) -> dict:
         row["transformers_generate_ms_per_token"] = round(per_token, 3)
         row["transformers_over_ours_ar_graph_fused"] = round(per_token / row["ar_graph_fused_ms"], 3)
         out["rows"].append(row)
-        hf = plain = fused = skinny = None  # free this shape's weights before the next
+        hf = plain = fused = skinny = auto = None  # free this shape's weights before the next
         torch.cuda.empty_cache()
     return out
 
@@ -205,26 +209,6 @@ def gemm_table(model, bw: float) -> list[dict]:
                          "ours_of_copy_bw": round(nbytes / (ours * 1e-6) / bw, 3), "ours_rel_error": float(f"{err:.1e}")})
         del copies
     return rows
-
-
-def graphed_us(call, weights: list, replays: int = 20, calls: int = 64) -> float:
-    """µs per call of `call(w)` for each w in turn, captured into one CUDA graph (the copies repeated to
-    at least `calls` calls, so a replay's launch and synchronisation, ~15 µs, adds < 0.3 µs a call)
-    and replayed."""
-    import torch
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up off the capture: autotuning, cuBLAS workspaces
-        for w in weights:
-            call(w)
-    torch.cuda.current_stream().wait_stream(stream)
-    order = weights * -(-calls // len(weights))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for w in order:
-            call(w)
-    return cuda_ms(graph.replay, replays) * 1e3 / len(order)
 
 
 def kernel_breakdown(fn, steps: int = 5) -> dict:

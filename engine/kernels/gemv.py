@@ -8,11 +8,13 @@ one program owns BLOCK_N output features and walks K in BLOCK_K tiles, software-
 rows, and x (small) comes from L2. Where N alone gives too few programs to fill the GPU, K is split
 (autotuned with the block shape, among the splits that give one to four programs per SM): each
 split writes its fp32 partial to a workspace and counts itself in on a per-column-block counter,
-and the split that arrives last adds the partials (and the bias) and writes the output in
-its dtype. One launch besides the counters' memset, where atomics into a zeroed fp32 buffer needed
-a memset of the whole output and a cast kernel after: inside a step's graph each small kernel costs
-~1-2 µs. `bench --part step` times it against cuBLAS per shape; the engine uses it only where it
-measured faster (the `skinny_gemm` switch of `loading.build_model`).
+and the split that arrives last adds the partials (and the bias), writes the output in its dtype
+and sets its counter back to zero. The counters are one zeroed buffer per device that every call
+leaves zeroed, so a call is one launch: atomics into a zeroed fp32 buffer needed a memset of the
+whole output and a cast kernel after, and counters zeroed per call a memset, where inside a step's
+graph each small kernel costs ~1-2 µs. Calls on one device must therefore not overlap (the engine
+runs one stream at a time). `bench --part step` times it against cuBLAS per shape; the engine uses it where `gemm` says
+(engine/gemm_choice.py: `auto` times both per shape and row count on the GPU it runs on).
 """
 
 from __future__ import annotations
@@ -41,15 +43,16 @@ BLOCKS = ((32, 256, 4, 4), (64, 128, 4, 4), (64, 256, 8, 3), (128, 128, 8, 3), (
           (128, 64, 4, 4), (256, 64, 8, 3))
 SPLITS = (1, 2, 4, 8)
 SPLIT_BELOW = 64  # K is split only for N under this many outputs per SM: larger N fills the GPU with column blocks
+MIN_BLOCK_N = min(bn for bn, *_ in BLOCKS)  # a split N has at most SPLIT_BELOW * sm / MIN_BLOCK_N column blocks
 SMEM_BYTES = 227 * 1024  # Hopper's shared memory per block: a config whose pipelined tiles need more cannot launch
 
 
 def splits_for(n: int, block_n: int, sm: int) -> tuple[int, ...]:
     """The K splits worth timing for N outputs in blocks of `block_n` on `sm` SMs. None but 1 from SPLIT_BELOW
-    outputs per SM up: a matrix that large needs no split, and one that may split pays for a workspace and a
-    counter memset (a kernel of ~1-2 µs in a step's graph) on every call, whichever config won. Below it (at
-    most 4 * sm column blocks for any block of 16 or more): the splits that give one to four programs per SM
-    (splitting further only adds partials to sum), else the largest, when even that leaves the GPU under-filled."""
+    outputs per SM up: a matrix that large needs no split, and one that may split writes a workspace of partials
+    whichever config won. Below it (at most 4 * sm column blocks for any block of 16 or more): the splits that
+    give one to four programs per SM (splitting further only adds partials to sum), else the largest, when even
+    that leaves the GPU under-filled."""
     if n >= SPLIT_BELOW * sm:
         return (1,)
     blocks = -(-n // block_n)
@@ -89,7 +92,6 @@ if triton is not None:
                  for bn, bk, w, s in BLOCKS for split in SPLITS],
         key=["M_BLOCK", "N", "K", "SM"],  # SM: the splits allowed, and the workspace sized for them, depend on it
         prune_configs_by={"early_config_prune": _worth_timing},
-        reset_to_zero=["COUNT"],  # every timed config starts with its split counters at zero
     )
     @triton.jit
     def _skinny(X, W, B, Y, PART, COUNT, M, N, K, sx, sw, sy, SM, SPLIT_K,
@@ -123,23 +125,41 @@ if triton is not None:
                 acc = tl.zeros([M_BLOCK, BLOCK_N], tl.float32)
                 for s in range(SPLIT_K):  # .cg: read from L2, past this SM's L1
                     acc += tl.load(PART + s * M * N + tile, mask=ok, other=0.0, cache_modifier=".cg")
+                tl.store(COUNT + pid_n, 0)  # every split has counted itself in: zero for the next call
             if HAS_BIAS:
                 acc += tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
             tl.store(Y + rows[:, None] * sy + cols[None, :], acc.to(Y.dtype.element_ty), mask=ok)
 
 
+_COUNTERS: dict[int, torch.Tensor] = {}
+
+
+def split_counters(device: torch.device) -> torch.Tensor:
+    """The device's split counters, zero between calls: one per column block of any N that may split (fewer
+    than SPLIT_BELOW * sm / MIN_BLOCK_N), made once, outside any graph capture, so captured graphs and eager
+    calls share them. Made inside a capture (no eager call came first), they are that call's own, zeroed by
+    a memset the graph replays."""
+    dev = device.index if device.index is not None else torch.cuda.current_device()
+    size = SPLIT_BELOW * sm_count(device) // MIN_BLOCK_N
+    if torch.cuda.is_current_stream_capturing() and dev not in _COUNTERS:
+        return torch.zeros(size, device=device, dtype=torch.int32)
+    if dev not in _COUNTERS:
+        _COUNTERS[dev] = torch.zeros(size, device=device, dtype=torch.int32)
+    return _COUNTERS[dev]
+
+
 def launch(kernel, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, **config) -> torch.Tensor:
     """`kernel` (the autotuned `_skinny`, or its plain `.fn` with a `config` spelled out, as the tests run
-    every config) on x2 [rows, K]: the output, the split partials' workspace and the zeroed counters."""
+    every config) on x2 [rows, K]: the output, the split partials' workspace and the device's counters."""
     rows, k = x2.shape
     n = weight.shape[0]
     sm = sm_count(x2.device)
     splits = max_split(n, sm)
     y = torch.empty(rows, n, device=x2.device, dtype=x2.dtype)
-    part, count = y, y  # unused when no config may split (N >= SPLIT_BELOW per SM): no workspace, no memset
+    part, count = y, y  # unused when no config may split (N >= SPLIT_BELOW per SM): no workspace
     if splits > 1:
         part = torch.empty(splits, rows, n, device=x2.device, dtype=torch.float32)
-        count = torch.zeros(triton.cdiv(n, 16), device=x2.device, dtype=torch.int32)  # >= one per column block
+        count = split_counters(x2.device)
 
     def grid(meta):
         return (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])
@@ -150,10 +170,15 @@ def launch(kernel, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     return y
 
 
+def applies(x: torch.Tensor, rows: int) -> bool:
+    """Whether the kernel runs x of `rows` rows: bf16/fp16 on CUDA, at most MAX_ROWS rows."""
+    return triton is not None and x.is_cuda and rows <= MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear for x with at most MAX_ROWS rows (any leading shape), bf16/fp16 on CUDA; else the reference."""
     rows = x.numel() // x.shape[-1]
-    if triton is None or not x.is_cuda or rows > MAX_ROWS or x.dtype not in (torch.bfloat16, torch.float16):
+    if not applies(x, rows):
         return linear_reference(x, weight, bias)
     x2 = x.reshape(rows, x.shape[-1])
     if x2.stride(-1) != 1:
