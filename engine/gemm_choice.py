@@ -1,18 +1,22 @@
-"""Which GEMM runs a projection of a graphed step: cuBLAS, or our skinny GEMM (engine/kernels/gemv.py).
+"""Which GEMM runs a projection of a fused model: cuBLAS, or our skinny GEMM (engine/kernels/gemv.py).
 
 Neither wins everywhere: on an H100 ours was faster at M = 1 and 16 on most 7B matrices and slower on
-some at M = 64 (benchmarks/README.md), and the answer moves with the GPU. So `auto` times both for
-each weight shape and row count the first time a step needs it, on this GPU, the way a step's graph
-runs them: every layer's weight of that shape in turn, back to back in one replayed graph (so a
-weight is read from HBM as in the step, not from L2 as a repeated call would), and keeps the faster
-for the life of the model. Ours must win by MARGIN, so that a near-tie goes to cuBLAS on every run
-and the kernels (hence the bf16 rounding) do not flip between runs of the same model on one GPU.
+some at M = 64, and slower on nearly every small matrix (benchmarks/README.md), and the answer moves
+with the GPU. So `auto` times both for each weight shape and row bucket (ROW_BUCKETS) the first time
+a forward needs it (a graphed step's warm-up, or an eager forward: prefill, a sampled step), on this
+GPU, the way a step's graph runs them: every layer's weight of that shape (and bias) in turn, back to
+back in one replayed graph, with clones added until they hold TIMED_BYTES, so that every call reads
+its weight from HBM as in a step and not from L2 as a loop over a small model's weights would. It
+keeps the faster for the life of the model: at most len(ROW_BUCKETS) timings per shape. Ours must
+win by MARGIN: only a clear gain switches the kernel (where the two sit within timing noise of the
+margin, two runs can still choose differently, and so round bf16 differently).
 `skinny` forces ours wherever it applies (bf16/fp16 on CUDA, at most gemv.MAX_ROWS rows), `cublas`
 never uses it.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 
 import torch
@@ -24,49 +28,70 @@ from .kernels import gemv
 
 GEMMS = ("cublas", "skinny", "auto")
 MARGIN = 0.02  # ours is chosen only when at least 2 % faster than cuBLAS
+ROW_BUCKETS = (1, 16, 32, 64)  # a row count is timed as the smallest bucket that holds it (ours tiles rows by 16/32/64)
+TIMED_BYTES = 256 << 20  # over twice the L2 of current GPUs (H100 50 MB, B200 126 MB)
 
-Timer = Callable[[Callable[[torch.Tensor], object], list[torch.Tensor]], float]
+Pair = tuple[torch.Tensor, torch.Tensor | None]  # a projection's (weight, bias)
+Timer = Callable[[Callable[[Pair], object], list[Pair]], float]
+
+
+def row_bucket(rows: int) -> int:
+    return next(b for b in ROW_BUCKETS if rows <= b)
+
+
+def past_l2(pairs: list[Pair], nbytes: int = TIMED_BYTES) -> list[Pair]:
+    """The pairs, then clones of them in turn until the weights hold `nbytes`: timed in a loop, each call
+    reads its weight from HBM."""
+    size = sum(w.numel() * w.element_size() for w, _ in pairs)
+    extra = max(0, -(-(nbytes - size) * len(pairs) // size)) if size else 0
+    clones = [(w.clone(), None if b is None else b.clone()) for w, b in itertools.islice(itertools.cycle(pairs), extra)]
+    return pairs + clones
 
 
 class GemmChoice:
-    """The GEMM of each (N, K, rows) a model's projections meet. `weights`: every projection weight the
-    model runs (timing walks all of one shape); `timer(call, weights)` -> µs per call (a test's fake
-    stands in for `graphed_us` on the CPU)."""
+    """The GEMM of each (N, K, row bucket) a model's projections meet. `layers`: every projection the model
+    runs (timing walks all of one weight shape); `timer(call, pairs)` -> µs per call (a test's fake stands in
+    for `graphed_us` on the CPU)."""
 
-    def __init__(self, mode: str, weights: Iterable[torch.Tensor], timer: Timer = graphed_us):
+    def __init__(self, mode: str, layers: Iterable[nn.Linear], timer: Timer = graphed_us):
         if mode not in GEMMS:
             raise ValueError(f"gemm must be one of {', '.join(GEMMS)}, not {mode!r}")
         self.mode, self.timer = mode, timer
-        self.weights: dict[tuple[int, int], list[torch.Tensor]] = {}
-        for w in weights:
-            self.weights.setdefault(tuple(w.shape), []).append(w)
-        self.timings: dict[tuple[int, int, int], tuple[float, float]] = {}  # (N, K, rows) -> (cuBLAS µs, ours µs)
+        self.layers: dict[tuple[int, int], list[nn.Linear]] = {}
+        for layer in layers:
+            self.layers.setdefault(tuple(layer.weight.shape), []).append(layer)
+        self.timings: dict[tuple[int, int, int], tuple[float, float]] = {}  # (N, K, bucket) -> (cuBLAS µs, ours µs)
 
     def linear(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         """layer(x), through the kernel chosen for its weight's shape and x's row count."""
         rows = x.numel() // x.shape[-1]
         if self.mode == "cublas" or not gemv.applies(x, rows):
             return layer(x)
-        if self.mode == "skinny" or self.skinny_wins(layer.weight, rows):
+        if self.mode == "skinny" or self.skinny_wins(layer, rows):
             return gemv.linear(x, layer.weight, layer.bias)
         return layer(x)
 
-    def skinny_wins(self, weight: torch.Tensor, rows: int) -> bool:
-        """Whether ours runs this shape at this row count: timed once, outside any graph capture. A
-        shape first met inside a capture (no eager step came first) runs cuBLAS in that graph, untimed."""
-        key = (*weight.shape, rows)
+    def skinny_wins(self, layer: nn.Linear, rows: int) -> bool:
+        """Whether ours runs this layer's shape at this row count: timed once per row bucket, outside any graph
+        capture. A bucket first met inside a capture (no eager forward came first) runs cuBLAS in that graph,
+        untimed, and is timed at its first eager forward."""
+        weight = layer.weight
+        key = (*weight.shape, row_bucket(rows))
         if key not in self.timings:
             if weight.is_cuda and torch.cuda.is_current_stream_capturing():
                 return False
-            same = self.weights.get(tuple(weight.shape)) or [weight]
+            pairs = [(p.weight, p.bias) for p in self.layers.get(tuple(weight.shape)) or [layer]]
+            if weight.is_cuda:
+                pairs = past_l2(pairs)
             gen = torch.Generator(weight.device).manual_seed(0)  # not the global generator: sampling draws from it
-            x = torch.randn(rows, weight.shape[1], device=weight.device, generator=gen).to(weight.dtype)
-            self.timings[key] = (self.timer(lambda w: F.linear(x, w), same), self.timer(lambda w: gemv.linear(x, w), same))
+            x = torch.randn(key[2], weight.shape[1], device=weight.device, generator=gen).to(weight.dtype)
+            self.timings[key] = (self.timer(lambda p: F.linear(x, *p), pairs),
+                                 self.timer(lambda p: gemv.linear(x, *p), pairs))
         cublas, ours = self.timings[key]
         return ours < cublas * (1 - MARGIN)
 
     def chosen(self) -> list[dict]:
-        """What was timed and chosen, for benchmark records: one entry per (N, K, rows)."""
+        """What was timed and chosen, for benchmark records: one entry per (N, K, row bucket)."""
         return [{"N": n, "K": k, "rows": rows, "cublas_us": round(c, 2), "ours_us": round(o, 2),
                  "kernel": "skinny" if o < c * (1 - MARGIN) else "cublas"}
                 for (n, k, rows), (c, o) in sorted(self.timings.items())]

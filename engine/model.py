@@ -203,13 +203,14 @@ class Transformer(nn.Module):
 
     def _gemm_choice(self) -> GemmChoice | None:
         """None (each projection its own Linear: cuBLAS) unless `gemm` asks for more; made once, over the
-        stacked projection weights (every layer's, so `auto` times a shape over all of them)."""
+        stacked projections (every layer's, so `auto` times a shape over all of them)."""
         if self.gemm == "cublas":
             return None
         if self.gemm_choice is None:
-            weights = [p.weight for layer in self.layers
-                       for p in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)]
-            self.gemm_choice = GemmChoice(self.gemm, weights)
+            projections = [p for layer in self.layers
+                           for p in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                                     layer.mlp.down_proj)]
+            self.gemm_choice = GemmChoice(self.gemm, projections)
         return self.gemm_choice
 
     def _norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, fused: bool):

@@ -1,5 +1,6 @@
 """Which GEMM runs a projection (engine/gemm_choice.py): the choice logic on the CPU, with a fake timer
-in place of the graph timing (the kernels themselves: tests/test_kernels_gpu.py)."""
+in place of the graph timing (the kernels themselves, and `auto` on a GPU: tests/test_kernels_gpu.py,
+tests/test_graphs_gpu.py)."""
 
 import pytest
 import torch
@@ -7,7 +8,7 @@ from conftest import make_hf_model
 from torch import nn
 
 from engine.config import ModelArgs, ModelLoadError
-from engine.gemm_choice import MARGIN, GemmChoice
+from engine.gemm_choice import MARGIN, ROW_BUCKETS, TIMED_BYTES, GemmChoice, past_l2, row_bucket
 from engine.loading import build_model, fill_model
 
 
@@ -19,56 +20,78 @@ def tiny(tmp_path):
 
 class FakeTimer:
     """µs per call from a table keyed by (kernel, N): 'cublas' when the call is F.linear, which (like ours) it
-    only records, computing nothing. Records each timing's weights, and checks the call ran on every one."""
+    only records, computing nothing. Records each timing's (kernel, weights, biases, input rows), and checks the
+    call ran on every pair in turn."""
 
     def __init__(self, us: dict):
         self.us, self.calls = us, []
 
-    def __call__(self, call, weights):
+    def __call__(self, call, pairs):
         import engine.gemm_choice as gc
 
         seen = []
         real_linear, real_skinny = gc.F.linear, gc.gemv.linear
-        gc.F.linear = lambda x, w, b=None: seen.append(("cublas", w))
-        gc.gemv.linear = lambda x, w, b=None: seen.append(("skinny", w))
+        gc.F.linear = lambda x, w, b=None: seen.append(("cublas", x, w, b))
+        gc.gemv.linear = lambda x, w, b=None: seen.append(("skinny", x, w, b))
         try:
-            for w in weights:
-                call(w)
+            for p in pairs:
+                call(p)
         finally:
             gc.F.linear, gc.gemv.linear = real_linear, real_skinny
         kind = seen[0][0]
-        assert [id(w) for _, w in seen] == [id(w) for w in weights] and {k for k, _ in seen} == {kind}
-        self.calls.append((kind, [id(w) for w in weights]))
-        return self.us[kind, weights[0].shape[0]]
+        assert [(id(w), id(b)) for *_, w, b in seen] == [(id(w), id(b)) for w, b in pairs]
+        assert {s[0] for s in seen} == {kind}
+        self.calls.append((kind, [id(w) for w, _ in pairs], [id(b) for _, b in pairs], seen[0][1].shape[0]))
+        return self.us[kind, pairs[0][0].shape[0]]
 
 
-def test_auto_times_each_shape_and_row_count_once_over_every_weight_of_that_shape():
-    layers = [nn.Linear(32, 48, bias=False) for _ in range(3)] + [nn.Linear(32, 16, bias=False)]
+def test_auto_times_each_shape_and_row_bucket_once_over_every_layer_of_that_shape():
+    layers = [nn.Linear(32, 48, bias=i == 0) for i in range(3)] + [nn.Linear(32, 16, bias=False)]
     timer = FakeTimer({("cublas", 48): 10.0, ("skinny", 48): 9.0, ("cublas", 16): 5.0, ("skinny", 16): 6.0})
-    choice = GemmChoice("auto", [layer.weight for layer in layers], timer=timer)
+    choice = GemmChoice("auto", layers, timer=timer)
     torch.manual_seed(3)
-    assert choice.skinny_wins(layers[1].weight, 1)  # 10 % faster
+    assert choice.skinny_wins(layers[1], 1)  # 10 % faster
     drawn = torch.rand(4)
     torch.manual_seed(3)
     assert torch.equal(torch.rand(4), drawn)  # the timing's input came from its own generator: sampling's is untouched
-    assert not choice.skinny_wins(layers[3].weight, 1)  # slower
-    assert choice.skinny_wins(layers[0].weight, 1) and choice.skinny_wins(layers[2].weight, 1)  # same key: no new timing
+    assert not choice.skinny_wins(layers[3], 1)  # slower
+    assert choice.skinny_wins(layers[0], 1) and choice.skinny_wins(layers[2], 1)  # same key: no new timing
     assert len(timer.calls) == 4
-    assert timer.calls[0] == ("cublas", [id(layer.weight) for layer in layers[:3]])  # all three 48x32 weights, in turn
-    assert timer.calls[1][0] == "skinny" and timer.calls[2] == ("cublas", [id(layers[3].weight)])
-    choice.skinny_wins(layers[0].weight, 5)  # another row count: timed again
-    assert len(timer.calls) == 6
+    weights, biases = [id(layer.weight) for layer in layers[:3]], [id(layer.bias) for layer in layers[:3]]
+    assert timer.calls[0] == ("cublas", weights, biases, 1)  # all three 48x32 layers in turn, with their biases
+    assert timer.calls[1] == ("skinny", weights, biases, 1) and timer.calls[2][:2] == ("cublas", [id(layers[3].weight)])
+    choice.skinny_wins(layers[0], 5)  # rows 2-16: the bucket of 16, timed at 16 rows
+    choice.skinny_wins(layers[0], 16)
+    choice.skinny_wins(layers[0], 40)
+    assert [c[3] for c in timer.calls[4:]] == [16, 16, 64, 64]
     assert [(c["N"], c["rows"], c["kernel"]) for c in choice.chosen()] == [(16, 1, "cublas"), (48, 1, "skinny"),
-                                                                           (48, 5, "skinny")]
+                                                                           (48, 16, "skinny"), (48, 64, "skinny")]
+
+
+def test_row_buckets():
+    assert [row_bucket(r) for r in (1, 2, 16, 17, 32, 33, 64)] == [1, 16, 16, 32, 32, 64, 64]
+    assert ROW_BUCKETS[-1] == 64
 
 
 @pytest.mark.parametrize("ours, wins", [(10.0 * (1 - MARGIN) - 0.01, True), (10.0 * (1 - MARGIN) + 0.01, False),
                                         (10.0, False)])
 def test_a_near_tie_goes_to_cublas(ours, wins):
-    """Ours must win by MARGIN: a tie or a hair's gain keeps cuBLAS, so timing noise does not flip the kernels."""
+    """Ours must win by MARGIN: a tie or a hair's gain keeps cuBLAS."""
     layer = nn.Linear(8, 24, bias=False)
-    choice = GemmChoice("auto", [layer.weight], timer=FakeTimer({("cublas", 24): 10.0, ("skinny", 24): ours}))
-    assert choice.skinny_wins(layer.weight, 3) is wins
+    choice = GemmChoice("auto", [layer], timer=FakeTimer({("cublas", 24): 10.0, ("skinny", 24): ours}))
+    assert choice.skinny_wins(layer, 3) is wins
+
+
+def test_timed_weights_are_cloned_past_the_l2():
+    """A small model's weights would sit in L2 when timed in a loop; clones (and their biases) bring them to
+    TIMED_BYTES, the originals first."""
+    pairs = [(torch.zeros(1024, 1024), torch.zeros(1024)), (torch.zeros(1024, 1024), None)]  # 4 MB each
+    out = past_l2(pairs)
+    assert out[:2] == pairs and len(out) == TIMED_BYTES // (4 << 20)
+    assert out[2][0] is not pairs[0][0] and torch.equal(out[2][0], pairs[0][0]) and out[2][1] is not None
+    assert out[3][1] is None
+    big = [(torch.zeros(1, 1), None)]
+    assert past_l2(big, nbytes=2) == big
 
 
 def test_modes_and_the_cpu_path(tmp_path):
@@ -78,7 +101,7 @@ def test_modes_and_the_cpu_path(tmp_path):
     x = torch.randn(2, 8)
     for mode in ("cublas", "skinny", "auto"):
         timer = FakeTimer({})
-        out = GemmChoice(mode, [layer.weight], timer=timer).linear(layer, x)
+        out = GemmChoice(mode, [layer], timer=timer).linear(layer, x)
         assert torch.equal(out, layer(x)) and timer.calls == []
     with pytest.raises(ValueError, match="gemm must be one of cublas, skinny, auto, not 'fast'"):
         GemmChoice("fast", [])
@@ -95,6 +118,5 @@ def test_the_model_gathers_every_layers_projections(tmp_path):
         choice = model._gemm_choice()
         assert (choice is not None) == made
         if made:
-            n = sum(len(ws) for ws in choice.weights.values())
-            assert n == 4 * args.n_layers
+            assert sum(len(ps) for ps in choice.layers.values()) == 4 * args.n_layers
             assert choice is model._gemm_choice()  # made once

@@ -32,7 +32,7 @@ def env(eng) -> dict:
     return {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(dev) if dev.type == "cuda"
             else f"cpu ({torch.get_num_threads()} threads, {platform.processor() or platform.machine()})",
             "torch": torch.__version__, "dtype": str(eng.model.embed_tokens.weight.dtype).replace("torch.", ""),
-            "backend": eng.model.backend, "cuda_graphs": eng.graphs is not None}
+            "backend": eng.model.backend, "cuda_graphs": eng.graphs is not None, "gemm": eng.model.gemm}
 
 
 def engine_runner(eng, cfg) -> Callable[[object], tuple[list[int], int]]:

@@ -71,6 +71,8 @@ def summarise(res: dict[str, dict], eng, tree_names: list[str], greedy: bool = T
               for name, (base, key) in pairs.items() if key in res}
     if traced:
         out["traced"] = traced
+    if eng.model.gemm_choice is not None:  # what `--gemm auto` timed and chose (`skinny` times nothing)
+        out["gemm_choice"] = eng.model.gemm_choice.chosen()
     return out
 
 

@@ -177,6 +177,6 @@ def oracle_engine(shape: str, prompts: int, prompt_len: int, max_new: int, backe
              "(ResBlock + own lm_head) for their cost",
              "oracle_positions_distinct": len(set(keys)) == len(keys),
              "head_top1_used": [round(a[0], 3) for a in acc], "prompts": prompts, "prompt_len": prompt_len,
-             "max_new_tokens": max_new, "backend": backend, "cuda_graphs": cuda, "gemm": gemm if cuda else "cublas",
+             "max_new_tokens": max_new, "backend": backend, "cuda_graphs": cuda, "gemm": model.gemm,
              "device": device}
     return hf, eng, ids, about

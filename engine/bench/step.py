@@ -15,6 +15,7 @@ from ..accept import RULES
 from ..config import ModelArgs
 from ..cudagraph import graphed_us
 from ..decode import ar_step, prefill, tree_step
+from ..gemm_choice import past_l2
 from ..graphs import GREEDY, StepGraphs
 from ..heads import MedusaHeads
 from ..loading import build_model, fill_model
@@ -182,9 +183,9 @@ def gemm_table(model, bw: float) -> list[dict]:
     """Each projection of one layer (and lm_head) at M = 1, 16, 64 rows: cuBLAS (F.linear) against our
     skinny GEMM, µs per call, and the weight-read bandwidth each reaches over the measured copy
     bandwidth. Timed as a step runs them: back to back inside one replayed CUDA graph, over enough
-    copies of the weight (>= 256 MB in all) that none is read from L2, so a call's time is its
-    kernels' and not a launch's or an event's (single timed calls read 0.4-0.8 of copy bandwidth where
-    the same GEMMs inside a step's graph read ~0.85 on average)."""
+    copies of the weight (`gemm_choice.past_l2`: >= 256 MB in all) that none is read from L2, so a
+    call's time is its kernels' and not a launch's or an event's (single timed calls read 0.4-0.8 of
+    copy bandwidth where the same GEMMs inside a step's graph read ~0.85 on average)."""
     import torch
 
     from ..kernels import gemv
@@ -196,13 +197,13 @@ def gemm_table(model, bw: float) -> list[dict]:
     for name, w in mats.items():
         n, k = w.shape
         nbytes = n * k * w.element_size()
-        copies = [w] + [w.clone() for _ in range(max(1, -(-(256 << 20) // nbytes)) - 1)]
+        copies = past_l2([(w, None)])
         for m in (1, 16, 64):
             x = torch.randn(m, k, device="cuda", dtype=w.dtype)
             ref = torch.nn.functional.linear(x, w)
             err = ((gemv.linear(x, w).float() - ref.float()).norm() / ref.float().norm()).item()
-            cublas = graphed_us(lambda c: torch.nn.functional.linear(x, c), copies)
-            ours = graphed_us(lambda c: gemv.linear(x, c), copies)
+            cublas = graphed_us(lambda c: torch.nn.functional.linear(x, c[0]), copies)
+            ours = graphed_us(lambda c: gemv.linear(x, c[0]), copies)
             rows.append({"matrix": name, "N": n, "K": k, "M": m, "copies": len(copies),
                          "cublas_us": round(cublas, 2), "ours_us": round(ours, 2),
                          "cublas_of_copy_bw": round(nbytes / (cublas * 1e-6) / bw, 3),

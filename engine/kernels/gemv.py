@@ -135,8 +135,8 @@ _COUNTERS: dict[int, torch.Tensor] = {}
 
 
 def split_counters(device: torch.device) -> torch.Tensor:
-    """The device's split counters, zero between calls: one per column block of any N that may split (fewer
-    than SPLIT_BELOW * sm / MIN_BLOCK_N), made once, outside any graph capture, so captured graphs and eager
+    """The device's split counters, zero between calls: one per column block of any N that may split (at
+    most SPLIT_BELOW * sm / MIN_BLOCK_N), made once, outside any graph capture, so captured graphs and eager
     calls share them. Made inside a capture (no eager call came first), they are that call's own, zeroed by
     a memset the graph replays."""
     dev = device.index if device.index is not None else torch.cuda.current_device()
