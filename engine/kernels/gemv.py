@@ -14,7 +14,7 @@ leaves zeroed, so a call is one launch: atomics into a zeroed fp32 buffer needed
 whole output and a cast kernel after, and counters zeroed per call a memset, where inside a step's
 graph each small kernel costs ~1-2 µs. Calls on one device must therefore not overlap (the engine
 runs one stream at a time). `bench --part step` times it against cuBLAS per shape; the engine uses it where `gemm` says
-(engine/gemm_choice.py: `auto` times both per shape and row count on the GPU it runs on).
+(engine/gemm_choice.py: `auto` times both per shape and row bucket on the GPU it runs on).
 """
 
 from __future__ import annotations
