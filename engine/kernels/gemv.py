@@ -12,9 +12,10 @@ and the split that arrives last adds the partials (and the bias), writes the out
 and sets its counter back to zero. The counters are one zeroed buffer per device that every call
 leaves zeroed, so a call is one launch: atomics into a zeroed fp32 buffer needed a memset of the
 whole output and a cast kernel after, and counters zeroed per call a memset, where inside a step's
-graph each small kernel costs ~1-2 µs. Calls on one device must therefore not overlap (the engine
-runs one stream at a time). `bench --part step` times it against cuBLAS per shape; the engine uses it where `gemm` says
-(engine/gemm_choice.py: `auto` times both per shape and row bucket on the GPU it runs on).
+graph each small kernel costs ~1-2 µs. Calls on one device must therefore not overlap: an engine
+runs one stream at a time, but two engines on one device driven from two threads at once would share
+the counters. `bench --part step` times it against cuBLAS per shape; the engine uses it where `gemm`
+says (engine/gemm_choice.py: `auto` times both per shape and row bucket on the GPU it runs on).
 """
 
 from __future__ import annotations
