@@ -318,10 +318,13 @@ def test_auto_gemm_times_on_the_gpu_and_stays_exact():
 @pytest.mark.parametrize("gemm", [pytest.param("skinny", marks=QUICK), "auto"])
 def test_model_with_our_gemm_matches_cublas(gemm):
     """The demo model's trained weights in bf16, fused, with its projections through `gemm` (skinny: ours at
-    every row count it takes; auto: whichever it timed faster) give the hidden states of the same weights on
-    cuBLAS within bf16 tolerance: a prefill of 100 tokens (cuBLAS: past 64 rows), then blocks of 1, 13 and 64."""
+    every row count it takes; auto: whichever it timed faster), against the same weights on cuBLAS: a prefill
+    of 100 tokens (cuBLAS: past 64 rows), then blocks of 1, 13 and 64. Both are bf16 approximations of the
+    float32 model: over all 178 positions ours must be within twice cuBLAS's error of it (a wrong kernel is off by
+    the size of the hidden states, bf16 rounding by about 1 %)."""
     import engine
 
+    exact = engine.load("demo", device="cuda", dtype="float32", backend="triton").model
     ref = engine.load("demo", device="cuda", dtype="bfloat16", backend="triton").model
     ours = engine.load("demo", device="cuda", dtype="bfloat16", backend="triton", gemm=gemm).model
     assert ref.gemm == "cublas" and ours.gemm == gemm
@@ -329,16 +332,16 @@ def test_model_with_our_gemm_matches_cublas(gemm):
     tokens = torch.randint(0, ref.args.vocab_size, (1, 100 + 78), generator=gen).cuda()
     outs = []
     with torch.inference_mode():
-        for model in (ref, ours):
+        for model in (exact, ref, ours):
             model.setup_cache(1, 256)
             hs, start = [], 0
             for t in (100, 1, 13, 64):
                 block = torch.ones(t, t, dtype=torch.bool).tril()
                 hs.append(model(tokens[:, start:start + t], torch.arange(start, start + t, device="cuda"), start=start,
-                                block_mask=block))
+                                block_mask=block).double())
                 start += t
             outs.append(hs)
-    for h_ref, h_ours in zip(*outs):
-        assert rel_err(h_ours, h_ref.double()) < TOL[BF16]
+    h_exact, h_ref, h_ours = (torch.cat(hs, dim=1) for hs in outs)
+    assert rel_err(h_ours, h_exact) <= 2 * rel_err(h_ref, h_exact)
     if gemm == "auto":
         assert {c["rows"] for c in ours.gemm_choice.chosen()} == {1, 16, 64}  # 13 rows: the bucket of 16
