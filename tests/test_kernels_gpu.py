@@ -321,7 +321,7 @@ def test_model_with_our_gemm_matches_cublas(gemm):
     every row count it takes; auto: whichever it timed faster), against the same weights on cuBLAS: a prefill
     of 100 tokens (cuBLAS: past 64 rows), then blocks of 1, 13 and 64. Both are bf16 approximations of the
     float32 model: over all 178 positions ours must be within twice cuBLAS's error of it (a wrong kernel is off by
-    the size of the hidden states, bf16 rounding by about 1 %)."""
+    the size of the hidden states; two bf16 roundings of one model differ by far less)."""
     import engine
 
     exact = engine.load("demo", device="cuda", dtype="float32", backend="triton").model
