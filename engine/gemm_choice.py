@@ -36,6 +36,7 @@ Timer = Callable[[Callable[[Pair], object], list[Pair]], float]
 
 
 def row_bucket(rows: int) -> int:
+    """The smallest bucket that holds `rows` (at most gemv.MAX_ROWS: more never reach the choice)."""
     return next(b for b in ROW_BUCKETS if rows <= b)
 
 
@@ -51,12 +52,13 @@ def past_l2(pairs: list[Pair], nbytes: int = TIMED_BYTES) -> list[Pair]:
 class GemmChoice:
     """The GEMM of each (N, K, row bucket) a model's projections meet. `layers`: every projection the model
     runs (timing walks all of one weight shape); `timer(call, pairs)` -> µs per call (a test's fake stands in
-    for `graphed_us` on the CPU)."""
+    for `graphed_us` on the CPU, with fewer `timed_bytes`)."""
 
-    def __init__(self, mode: str, layers: Iterable[nn.Linear], timer: Timer = graphed_us):
+    def __init__(self, mode: str, layers: Iterable[nn.Linear], timer: Timer = graphed_us,
+                 timed_bytes: int = TIMED_BYTES):
         if mode not in GEMMS:
             raise ValueError(f"gemm must be one of {', '.join(GEMMS)}, not {mode!r}")
-        self.mode, self.timer = mode, timer
+        self.mode, self.timer, self.timed_bytes = mode, timer, timed_bytes
         self.layers: dict[tuple[int, int], list[nn.Linear]] = {}
         for layer in layers:
             self.layers.setdefault(tuple(layer.weight.shape), []).append(layer)
@@ -80,9 +82,8 @@ class GemmChoice:
         if key not in self.timings:
             if weight.is_cuda and torch.cuda.is_current_stream_capturing():
                 return False
-            pairs = [(p.weight, p.bias) for p in self.layers.get(tuple(weight.shape)) or [layer]]
-            if weight.is_cuda:
-                pairs = past_l2(pairs)
+            pairs = past_l2([(p.weight, p.bias) for p in self.layers.get(tuple(weight.shape)) or [layer]],
+                            self.timed_bytes)
             gen = torch.Generator(weight.device).manual_seed(0)  # not the global generator: sampling draws from it
             x = torch.randn(key[2], weight.shape[1], device=weight.device, generator=gen).to(weight.dtype)
             self.timings[key] = (self.timer(lambda p: F.linear(x, *p), pairs),

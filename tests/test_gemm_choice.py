@@ -48,7 +48,7 @@ class FakeTimer:
 def test_auto_times_each_shape_and_row_bucket_once_over_every_layer_of_that_shape():
     layers = [nn.Linear(32, 48, bias=i == 0) for i in range(3)] + [nn.Linear(32, 16, bias=False)]
     timer = FakeTimer({("cublas", 48): 10.0, ("skinny", 48): 9.0, ("cublas", 16): 5.0, ("skinny", 16): 6.0})
-    choice = GemmChoice("auto", layers, timer=timer)
+    choice = GemmChoice("auto", layers, timer=timer, timed_bytes=1)  # 1 byte: the layers alone, no clones
     torch.manual_seed(3)
     assert choice.skinny_wins(layers[1], 1)  # 10 % faster
     drawn = torch.rand(4)
@@ -64,13 +64,19 @@ def test_auto_times_each_shape_and_row_bucket_once_over_every_layer_of_that_shap
     choice.skinny_wins(layers[0], 16)
     choice.skinny_wins(layers[0], 40)
     assert [c[3] for c in timer.calls[4:]] == [16, 16, 64, 64]
+    clones = FakeTimer({("cublas", 48): 10.0, ("skinny", 48): 9.0})
+    GemmChoice("auto", layers[:3], timer=clones, timed_bytes=7 * 48 * 32 * 4).skinny_wins(layers[0], 1)
+    timed = clones.calls[0][1]  # the three layers, then clones of them in turn, up to the bytes asked for
+    assert len(timed) == 7 and timed[:3] == weights and not set(timed[3:]) & set(weights)
     assert [(c["N"], c["rows"], c["kernel"]) for c in choice.chosen()] == [(16, 1, "cublas"), (48, 1, "skinny"),
                                                                            (48, 16, "skinny"), (48, 64, "skinny")]
 
 
 def test_row_buckets():
+    from engine.kernels import gemv
+
     assert [row_bucket(r) for r in (1, 2, 16, 17, 32, 33, 64)] == [1, 16, 16, 32, 32, 64, 64]
-    assert ROW_BUCKETS[-1] == 64
+    assert ROW_BUCKETS[-1] == gemv.MAX_ROWS  # every row count the kernel takes has a bucket
 
 
 @pytest.mark.parametrize("ours, wins", [(10.0 * (1 - MARGIN) - 0.01, True), (10.0 * (1 - MARGIN) + 0.01, False),
@@ -78,7 +84,7 @@ def test_row_buckets():
 def test_a_near_tie_goes_to_cublas(ours, wins):
     """Ours must win by MARGIN: a tie or a hair's gain keeps cuBLAS."""
     layer = nn.Linear(8, 24, bias=False)
-    choice = GemmChoice("auto", [layer], timer=FakeTimer({("cublas", 24): 10.0, ("skinny", 24): ours}))
+    choice = GemmChoice("auto", [layer], timer=FakeTimer({("cublas", 24): 10.0, ("skinny", 24): ours}), timed_bytes=1)
     assert choice.skinny_wins(layer, 3) is wins
 
 
