@@ -141,12 +141,12 @@ def split_counters(device: torch.device) -> torch.Tensor:
     calls share them. Made inside a capture (no eager call came first), they are that call's own, zeroed by
     a memset the graph replays."""
     dev = device.index if device.index is not None else torch.cuda.current_device()
-    size = SPLIT_BELOW * sm_count(device) // MIN_BLOCK_N
-    if torch.cuda.is_current_stream_capturing() and dev not in _COUNTERS:
-        return torch.zeros(size, device=device, dtype=torch.int32)
-    if dev not in _COUNTERS:
-        _COUNTERS[dev] = torch.zeros(size, device=device, dtype=torch.int32)
-    return _COUNTERS[dev]
+    if dev in _COUNTERS:
+        return _COUNTERS[dev]
+    counters = torch.zeros(SPLIT_BELOW * sm_count(device) // MIN_BLOCK_N, device=device, dtype=torch.int32)
+    if not torch.cuda.is_current_stream_capturing():  # a capture's own stay out of the cache: its pool holds them
+        _COUNTERS[dev] = counters
+    return counters
 
 
 def launch(kernel, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, **config) -> torch.Tensor:
