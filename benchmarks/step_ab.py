@@ -1,6 +1,6 @@
 """Graphed greedy step times, for comparing two versions of the engine, or tree sizes, on one GPU
 (CUDA): `PYTHONPATH=. python3 benchmarks/step_ab.py --shapes demo,smollm2-135m,llama2-7b --label new
-[--sizes 16,32,64] [--min-split 256] [--no-attention]`.
+[--sizes 16,32,64] [--min-split 256] [--no-attention] [--gemm auto]`.
 
 Run it once from each checkout (the other one copied beside the repo), in turn, in one device call:
 the numbers of two calls come from two machines. For each shape (random weights, `bench --part
@@ -13,7 +13,8 @@ and the largest tree's: the script profiled those alone then).
 Then, unless `--no-attention`, the attention kernel alone at 7B heads (32 query heads, D 128, MHA
 and GQA 4:1) at T 1 / 16 / 64 over prefixes of 1,024 and 4,096, µs per call replayed from a CUDA
 graph (`bench.attention.graph_us`: the same K/V every call, so from L2 where it fits; a step reads
-each layer's from HBM). `--min-split` replaces the kernel's MIN_SPLIT before anything runs.
+each layer's from HBM). `--min-split` replaces the kernel's MIN_SPLIT before anything runs; `--gemm`
+is the model's GEMM choice (engine/gemm_choice.py; what `auto` chose is recorded).
 """
 
 from __future__ import annotations
@@ -33,19 +34,21 @@ from engine.kernels import tree_attention as ta
 BIG = ("llama2-7b", "llama3-8b")
 
 
-def step_times(shape: str, label: str, sizes: list[int]) -> dict:
-    hf, model = random_pair(shape, "triton", fused=True)
+def step_times(shape: str, label: str, sizes: list[int], gemm: str) -> dict:
+    hf, model = random_pair(shape, "triton", fused=True, gemm=gemm)
     heads = random_heads(hf.config.hidden_size)
     prefix = 1024 if shape in BIG else 256
     prompt = torch.randint(0, hf.config.vocab_size, (prefix,)).tolist()
     model.setup_cache(1, prefix + 1024)
     graphs = StepGraphs(model)
-    rec = {"label": label, "shape": shape, "prefix": prefix}
+    rec = {"label": label, "shape": shape, "prefix": prefix, "gemm": gemm}
     for run in step_runs(heads, sizes):
         rec[f"{run[0]}_ms"] = round(best_queued_ms(graphs, model, run, prompt, iters=100, tries=3), 4)
         rec[f"{run[0]}_kernels"] = step_kernels(graphs, model, run, prompt)
     for n in sizes:
         rec[f"tree_{n}_over_ar"] = round(rec[f"tree_{n}_ms"] / rec["ar_ms"], 3)
+    if model.gemm_choice is not None:
+        rec["gemm_choice"] = model.gemm_choice.chosen()
     return rec
 
 
@@ -74,13 +77,14 @@ def main() -> None:
     ap.add_argument("--sizes", default="16,32,64", help="tree sizes, nodes besides the root")
     ap.add_argument("--min-split", type=int, default=ta.MIN_SPLIT)
     ap.add_argument("--no-attention", action="store_true")
+    ap.add_argument("--gemm", default="cublas", choices=("cublas", "skinny", "auto"))
     a = ap.parse_args()
     ta.MIN_SPLIT = a.min_split
     print(json.dumps({"label": a.label, "device": torch.cuda.get_device_name(), "min_split": a.min_split}), flush=True)
     if not a.no_attention:
         print(json.dumps(attention_times(a.label)), flush=True)
     for shape in a.shapes.split(","):
-        print(json.dumps(step_times(shape, a.label, [int(n) for n in a.sizes.split(",")])), flush=True)
+        print(json.dumps(step_times(shape, a.label, [int(n) for n in a.sizes.split(",")], a.gemm)), flush=True)
         torch.cuda.empty_cache()  # the shape's models went with step_times' frame
 
 

@@ -102,7 +102,7 @@ def prefill(model: Transformer, heads: MedusaHeads | None, prompts: list[list[in
     hidden = model(ids, torch.arange(ids.shape[1], device=dev), start=0)
     lengths = torch.tensor(lens, device=dev)
     last = hidden[torch.arange(len(prompts), device=dev), lengths - 1]  # [B, d]
-    logits = model.lm_head(last).float()
+    logits = model.logits(last).float()
     return DecodeState(lengths, lens, choose_next(logits, params, gen), _head_logits(heads, model, last), last)
 
 
@@ -151,32 +151,64 @@ def ar_forward(model: Transformer, state: DecodeState, params, gen, span: int | 
                trace_topk: int = 0) -> StepTensors:
     """Device work of an AR step (no host sync): updates state's tensors, not host_lengths.
     trace_topk > 0 packs the target's step trace. The heads never run here: a traced run that records
-    their top-k computes it from the returned hidden state, many steps at once (engine/head_trace.py)."""
+    their top-k computes it from the returned hidden state, many steps at once (engine/head_trace.py).
+    A greedy step on the fused model is a one-node tree step's verification (`_ar_forward_fused`)."""
     root = state.root
     hidden = model(root[:, None], state.lengths[:, None], start=state.lengths,
-                   span=span or max(state.host_lengths) + 1)[:, 0]
-    logits = model.lm_head(hidden).float()  # [B, V]
+                   span=span or max(state.host_lengths) + 1)  # [B, 1, d]
+    if params.greedy and model.fused and root.is_cuda and greedy_step.triton is not None:
+        return _ar_forward_fused(model, state, hidden, trace_topk)
+    logits = model.logits(hidden[:, 0]).float()  # [B, V]
     state.lengths = state.lengths + 1
     state.root = choose_next(logits, params, gen)
     one = torch.ones_like(root)
     packed = torch.stack((one, torch.zeros_like(root), root), dim=1)
     if trace_topk:
-        packed = _ar_trace(model, packed, logits, root, trace_topk)
-    return StepTensors(packed, 1, 0, trace_topk, bool(trace_topk), hidden)
+        packed = _ar_trace(packed, logits, root, trace_topk)
+    return StepTensors(packed, 1, 0, trace_topk, bool(trace_topk), hidden[:, 0])
 
 
-def _ar_trace(model: Transformer, packed: torch.Tensor, logits: torch.Tensor, root: torch.Tensor,
-              topk: int) -> torch.Tensor:
-    """An AR step's packed [B, 3] with the target's trace appended (a one-node tree: the root). On
-    the fused model the trace kernel writes it from one top-1 pass over the logits."""
-    parent = torch.full((1,), -1, dtype=torch.long, device=root.device)
-    if not (model.fused and root.is_cuda and greedy_step.triton is not None):
+def _ar_trace(packed: torch.Tensor, logits: torch.Tensor, root: torch.Tensor, topk: int) -> torch.Tensor:
+    """A sampled (or CPU) AR step's packed [B, 3] with the target's trace appended (a one-node tree: the
+    root); on CUDA the trace kernel writes it from one top-1 pass over the logits."""
+    parent = _one_node(root.device)[1]
+    if not (root.is_cuda and greedy_step.triton is not None):
         return torch.cat((packed, trace_fields(logits[:, None], root[:, None], parent, None, topk)), 1)
     out = torch.empty(packed.shape[0], 3 + trace_width(1, 0, topk), dtype=torch.long, device=root.device)
     out[:, :3] = packed
     greedy_step.trace_fields(out[:, 3:], root[:, None], parent, logits[:, None], greedy_step.row_topk(logits[:, None], 1),
                              None, topk)
     return out
+
+
+_ONE_NODE: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _one_node(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A one-node tree's retrieve paths [[0]] and parents [-1] on `device`, made once (outside any graph:
+    a captured step's warm-up runs eagerly first), so a captured AR step makes no tensor of its own."""
+    if device not in _ONE_NODE:
+        _ONE_NODE[device] = (torch.zeros(1, 1, dtype=torch.long, device=device),
+                             torch.full((1,), -1, dtype=torch.long, device=device))
+    return _ONE_NODE[device]
+
+
+def _ar_forward_fused(model: Transformer, state: DecodeState, hidden: torch.Tensor, trace_topk: int) -> StepTensors:
+    """A greedy AR step's work after the forward as `greedy_step.greedy_accept` on a one-node tree (the
+    root): the argmax over the logits in the model's dtype, the packed step [1, 0, root] and the new root
+    and lengths in place, in two launches where the torch code (`ar_forward`'s other branch, its reference)
+    is a float32 cast, an argmax, the length add and three kernels to pack. Traced, the trace kernel reads
+    the argmax's log-sum-exp too."""
+    retrieve, parent = _one_node(hidden.device)
+    # the node tokens are the root, which the merge overwrites with the next root only after reading them;
+    # a trace reads them later, so it gets its own copy
+    tokens = (state.root.clone() if trace_topk else state.root)[:, None]
+    logits = model.logits(hidden)  # [B, 1, V]
+    width = trace_width(1, 0, trace_topk) if trace_topk else 0
+    acc = greedy_step.greedy_accept(retrieve, tokens, logits, hidden, state.lengths, state.root, width)
+    if trace_topk:
+        greedy_step.trace_fields(acc.packed[:, 3:], tokens, parent, logits, acc.target, None, trace_topk)
+    return StepTensors(acc.packed, 1, 0, trace_topk, bool(trace_topk), hidden[:, 0])
 
 
 def draft(state: DecodeState, buf: TreeBuffers) -> torch.Tensor:
@@ -201,7 +233,7 @@ def tree_forward(model: Transformer, heads: MedusaHeads, buf: TreeBuffers, state
     positions = start[:, None] + buf.position_ids[None]
     hidden = model(node_tokens, positions, start=start, block_mask=buf.attn_mask, tree_bits=buf.mask_bits,
                    span=span or max(state.host_lengths) + buf.num_nodes)  # [B, T, d]
-    logits = model.lm_head(hidden).float()  # [B, T, V]
+    logits = model.logits(hidden).float()  # [B, T, V]
     nodes, kept, next_root = rule.verify(buf, node_tokens, logits, params, gen)
     # the accepted path's K/V move to the slots right after each request's prefix
     steps = torch.arange(nodes.shape[1], device=nodes.device)
@@ -234,7 +266,7 @@ def _tree_forward_fused(model: Transformer, heads: MedusaHeads, buf: TreeBuffers
     drafted = greedy_step.draft(state.head_logits, buf.topk, state.root, buf.tree_indices, buf.position_ids, start)
     hidden = model(drafted.tokens, drafted.positions, start=start, block_mask=buf.attn_mask, tree_bits=buf.mask_bits,
                    span=span or max(state.host_lengths) + t)  # [B, T, d]
-    logits = model.lm_head(hidden)  # [B, T, V] in the model's dtype: the kernels read it as it is
+    logits = model.logits(hidden)  # [B, T, V] in the model's dtype: the kernels read it as it is
     width = trace_width(t, k, buf.topk) if trace else 0
     # in place: state.lengths (so `start` too) and state.root hold the next step's from here
     acc = greedy_step.greedy_accept(buf.retrieve_indices, drafted.tokens, logits, hidden, start, state.root, width)

@@ -10,6 +10,8 @@ its weight from HBM as in a step and not from L2 as a loop over a small model's 
 keeps the faster for the life of the model: at most len(ROW_BUCKETS) timings per shape. Ours must
 win by MARGIN: only a clear gain switches the kernel (where the two sit within timing noise of the
 margin, two runs can still choose differently, and so round bf16 differently).
+The down projection is chosen with its activation (`gated_linear`): cuBLAS after the SiLU * up kernel,
+against ours applying it as it loads its input, one launch less; both timings include it.
 `skinny` forces ours wherever it applies (bf16/fp16 on CUDA, at most gemv.MAX_ROWS rows), `cublas`
 never uses it.
 """
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cudagraph import graphed_us
-from .kernels import gemv
+from .kernels import gemv, pointwise
 
 GEMMS = ("cublas", "skinny", "auto")
 MARGIN = 0.02  # ours is chosen only when at least 2 % faster than cuBLAS
@@ -62,37 +64,52 @@ class GemmChoice:
         self.layers: dict[tuple[int, int], list[nn.Linear]] = {}
         for layer in layers:
             self.layers.setdefault(tuple(layer.weight.shape), []).append(layer)
-        self.timings: dict[tuple[int, int, int], tuple[float, float]] = {}  # (N, K, bucket) -> (cuBLAS µs, ours µs)
+        # (N, K, bucket, gated) -> (cuBLAS µs, ours µs)
+        self.timings: dict[tuple[int, int, int, bool], tuple[float, float]] = {}
 
     def linear(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         """layer(x), through the kernel chosen for its weight's shape and x's row count."""
-        rows = x.numel() // x.shape[-1]
-        if self.mode == "cublas" or not gemv.applies(x, rows):
-            return layer(x)
-        if self.mode == "skinny" or self.skinny_wins(layer, rows):
+        if self._ours(layer, x, gated=False):
             return gemv.linear(x, layer.weight, layer.bias)
         return layer(x)
 
-    def skinny_wins(self, layer: nn.Linear, rows: int) -> bool:
-        """Whether ours runs this layer's shape at this row count: timed once per row bucket, outside any graph
-        capture. A bucket first met inside a capture (no eager forward came first) runs cuBLAS in that graph,
-        untimed, and is timed at its first eager forward."""
+    def gated_linear(self, layer: nn.Linear, gate_up: torch.Tensor) -> torch.Tensor:
+        """layer(SiLU(gate) * up) of an MLP's stacked gate_up [..., 2F] (the model's fused path: CUDA)."""
+        if self._ours(layer, gate_up, gated=True):
+            return gemv.linear(gate_up, layer.weight, layer.bias, gated=True)
+        return layer(pointwise.silu_mul(gate_up))
+
+    def _ours(self, layer: nn.Linear, x: torch.Tensor, gated: bool) -> bool:
+        rows = x.numel() // x.shape[-1]
+        if self.mode == "cublas" or not gemv.applies(x, rows):
+            return False
+        return self.mode == "skinny" or self.skinny_wins(layer, rows, gated)
+
+    def skinny_wins(self, layer: nn.Linear, rows: int, gated: bool = False) -> bool:
+        """Whether ours runs this layer's shape at this row count (`gated`: with the activation, see
+        `gated_linear`): timed once per row bucket, outside any graph capture. A bucket first met inside a
+        capture (no eager forward came first) runs cuBLAS in that graph, untimed, and is timed at its first
+        eager forward."""
         weight = layer.weight
-        key = (*weight.shape, row_bucket(rows))
+        key = (*weight.shape, row_bucket(rows), gated)
         if key not in self.timings:
             if weight.is_cuda and torch.cuda.is_current_stream_capturing():
                 return False
             pairs = past_l2([(p.weight, p.bias) for p in self.layers.get(tuple(weight.shape)) or [layer]],
                             self.timed_bytes)
             gen = torch.Generator(weight.device).manual_seed(0)  # not the global generator: sampling draws from it
-            x = torch.randn(key[2], weight.shape[1], device=weight.device, generator=gen).to(weight.dtype)
-            self.timings[key] = (self.timer(lambda p: F.linear(x, *p), pairs),
-                                 self.timer(lambda p: gemv.linear(x, *p), pairs))
+            width = weight.shape[1] * (2 if gated else 1)
+            x = torch.randn(key[2], width, device=weight.device, generator=gen).to(weight.dtype)
+            if gated:
+                timed = (lambda p: F.linear(pointwise.silu_mul(x), *p), lambda p: gemv.linear(x, *p, gated=True))
+            else:
+                timed = (lambda p: F.linear(x, *p), lambda p: gemv.linear(x, *p))
+            self.timings[key] = (self.timer(timed[0], pairs), self.timer(timed[1], pairs))
         cublas, ours = self.timings[key]
         return ours < cublas * (1 - MARGIN)
 
     def chosen(self) -> list[dict]:
-        """What was timed and chosen, for benchmark records: one entry per (N, K, row bucket)."""
-        return [{"N": n, "K": k, "rows": rows, "cublas_us": round(c, 2), "ours_us": round(o, 2),
+        """What was timed and chosen, for benchmark records: one entry per (N, K, row bucket, gated)."""
+        return [{"N": n, "K": k, "rows": rows, "gated": gated, "cublas_us": round(c, 2), "ours_us": round(o, 2),
                  "kernel": "skinny" if o < c * (1 - MARGIN) else "cublas"}
-                for (n, k, rows), (c, o) in sorted(self.timings.items())]
+                for (n, k, rows, gated), (c, o) in sorted(self.timings.items())]

@@ -153,8 +153,10 @@ class FeedForward(nn.Module):
             gate_up = proj(self.gate_up_proj, x, gemm)
         else:
             gate_up = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
+        if gemm is not None:  # the fused path: the activation runs with the down projection's GEMM
+            return gemm.gated_linear(self.down_proj, gate_up)
         act = pointwise.silu_mul(gate_up) if fused else pointwise.silu_mul_reference(gate_up)
-        return proj(self.down_proj, act, gemm)
+        return self.down_proj(act)
 
 
 class Block(nn.Module):
@@ -210,8 +212,13 @@ class Transformer(nn.Module):
             projections = [p for layer in self.layers
                            for p in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                                      layer.mlp.down_proj)]
-            self.gemm_choice = GemmChoice(self.gemm, projections)
+            self.gemm_choice = GemmChoice(self.gemm, projections + [self.lm_head])
         return self.gemm_choice
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """lm_head(hidden) in the model's dtype; on the fused path through the GEMM chosen for it (at a 7B
+        shape's batch-1 step the lm_head is the largest single weight read)."""
+        return proj(self.lm_head, hidden, self._gemm_choice() if self.fused and hidden.is_cuda else None)
 
     def _norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, fused: bool):
         """-> (x + residual, RMSNorm of it): one kernel on the fused path (x updated in place there)."""

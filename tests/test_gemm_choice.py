@@ -19,29 +19,34 @@ def tiny(tmp_path):
 
 
 class FakeTimer:
-    """µs per call from a table keyed by (kernel, N): 'cublas' when the call is F.linear, which (like ours) it
-    only records, computing nothing. Records each timing's (kernel, weights, biases, input rows), and checks the
-    call ran on every pair in turn."""
+    """µs per call from a table keyed by (kernel, N): 'cublas' when the call is F.linear, which (like ours and
+    the activation kernel) it only records, computing nothing. Records each timing's (kernel, weights, biases,
+    input rows), checks the call ran on every pair in turn, and keeps each call's input and whether it was gated
+    (`inputs`: ours gets gated=True, cuBLAS the activation's output)."""
 
     def __init__(self, us: dict):
-        self.us, self.calls = us, []
+        self.us, self.calls, self.inputs = us, [], []
 
     def __call__(self, call, pairs):
         import engine.gemm_choice as gc
 
         seen = []
-        real_linear, real_skinny = gc.F.linear, gc.gemv.linear
+        real_linear, real_skinny, real_act = gc.F.linear, gc.gemv.linear, gc.pointwise.silu_mul
         gc.F.linear = lambda x, w, b=None: seen.append(("cublas", x, w, b))
-        gc.gemv.linear = lambda x, w, b=None: seen.append(("skinny", x, w, b))
+        gc.gemv.linear = lambda x, w, b=None, gated=False: seen.append(("skinny", x, w, b, gated))
+        gc.pointwise.silu_mul = lambda gate_up: ("activated", gate_up)
         try:
             for p in pairs:
                 call(p)
         finally:
-            gc.F.linear, gc.gemv.linear = real_linear, real_skinny
+            gc.F.linear, gc.gemv.linear, gc.pointwise.silu_mul = real_linear, real_skinny, real_act
         kind = seen[0][0]
-        assert [(id(w), id(b)) for *_, w, b in seen] == [(id(w), id(b)) for w, b in pairs]
+        assert [(id(s[2]), id(s[3])) for s in seen] == [(id(w), id(b)) for w, b in pairs]
         assert {s[0] for s in seen} == {kind}
-        self.calls.append((kind, [id(w) for w, _ in pairs], [id(b) for _, b in pairs], seen[0][1].shape[0]))
+        x = seen[0][1]
+        self.inputs.append((kind, x, seen[0][4] if kind == "skinny" else isinstance(x, tuple)))
+        rows = (x[1] if isinstance(x, tuple) else x).shape[0]
+        self.calls.append((kind, [id(w) for w, _ in pairs], [id(b) for _, b in pairs], rows))
         return self.us[kind, pairs[0][0].shape[0]]
 
 
@@ -70,6 +75,22 @@ def test_auto_times_each_shape_and_row_bucket_once_over_every_layer_of_that_shap
     assert len(timed) == 7 and timed[:3] == weights and not set(timed[3:]) & set(weights)
     assert [(c["N"], c["rows"], c["kernel"]) for c in choice.chosen()] == [(16, 1, "cublas"), (48, 1, "skinny"),
                                                                            (48, 16, "skinny"), (48, 64, "skinny")]
+
+
+def test_the_down_projection_is_timed_with_its_activation():
+    """`gated`: the down projection's choice compares cuBLAS after the SiLU * up kernel against ours applying it
+    as it loads its input: both timed on one [rows, 2K] gate_up input, under a key of their own (the same shape
+    ungated is another choice)."""
+    down = nn.Linear(40, 16, bias=False)
+    timer = FakeTimer({("cublas", 16): 10.0, ("skinny", 16): 9.0})
+    choice = GemmChoice("auto", [down], timer=timer, timed_bytes=1)
+    assert choice.skinny_wins(down, 1, gated=True)
+    (cublas, x_c, act_c), (ours, x_o, gated_o) = timer.inputs
+    assert (cublas, ours) == ("cublas", "skinny") and act_c and gated_o  # cuBLAS read the activation's output
+    assert x_c[1] is x_o and x_o.shape == (1, 80)  # one gate_up input, 2K wide
+    choice.skinny_wins(down, 1)  # ungated: a timing of its own, on a K-wide input
+    assert len(timer.inputs) == 4 and timer.inputs[2][1].shape == (1, 40) and not timer.inputs[3][2]
+    assert [(c["rows"], c["gated"]) for c in choice.chosen()] == [(1, False), (1, True)]
 
 
 def test_row_buckets():
@@ -107,8 +128,9 @@ def test_modes_and_the_cpu_path(tmp_path):
     x = torch.randn(2, 8)
     for mode in ("cublas", "skinny", "auto"):
         timer = FakeTimer({})
-        out = GemmChoice(mode, [layer], timer=timer).linear(layer, x)
-        assert torch.equal(out, layer(x)) and timer.calls == []
+        choice = GemmChoice(mode, [layer], timer=timer)
+        assert torch.equal(choice.linear(layer, x), layer(x)) and timer.calls == []
+        assert choice._ours(layer, torch.randn(2, 16), gated=True) is False and timer.calls == []
     with pytest.raises(ValueError, match="gemm must be one of cublas, skinny, auto, not 'fast'"):
         GemmChoice("fast", [])
     with pytest.raises(ModelLoadError, match="gemm must be one of cublas, skinny, auto, not 'fast'"):
@@ -116,13 +138,14 @@ def test_modes_and_the_cpu_path(tmp_path):
 
 
 def test_the_model_gathers_every_layers_projections(tmp_path):
-    """A fused model's choice sees all four projections of every layer (so `auto` times a shape over all of them);
-    cuBLAS needs none."""
+    """A fused model's choice sees all four projections of every layer (so `auto` times a shape over all of them)
+    and the lm_head; cuBLAS needs none."""
     args, sd = tiny(tmp_path)
     for gemm, made in (("cublas", False), ("auto", True)):
         model, _, _ = fill_model(build_model(args, fused=True, gemm=gemm), sd.items(), "cpu", torch.float32, "tiny")
         choice = model._gemm_choice()
         assert (choice is not None) == made
         if made:
-            assert sum(len(ps) for ps in choice.layers.values()) == 4 * args.n_layers
+            assert sum(len(ps) for ps in choice.layers.values()) == 4 * args.n_layers + 1
+            assert model.lm_head in choice.layers[tuple(model.lm_head.weight.shape)]
             assert choice is model._gemm_choice()  # made once

@@ -156,6 +156,28 @@ def test_greedy_accept_matches_reference(n):
         assert (ranks[nodes[0, 1: int(kept[0])]] > 0).any()
 
 
+@QUICK
+def test_an_ar_step_is_greedy_accept_on_a_one_node_tree():
+    """decode._ar_forward_fused: the node tokens are a view of the roots the merge overwrites; it must read them
+    first. Packed [1, 0, old root], next root the argmax of the logits in their own dtype (ties to the first, as
+    torch.argmax on their float32 cast), lengths + 1, the hidden state and a compaction that moves nothing."""
+    g = gen_of("ar step")
+    logits = (torch.randn(5, 1, 32000, generator=g) * 3).to(BF16)
+    logits[1, 0, [7, 31000]] = 40.0  # a tie across chunks: the first wins
+    logits = logits.to(DEV)
+    root = torch.randint(0, 32000, (5,), generator=g).to(DEV)
+    old_root, start = root.clone(), torch.randint(3, 900, (5,), generator=g).to(DEV)
+    lengths = start.clone()
+    hidden = torch.randn(5, 1, 64, generator=g).to(BF16).to(DEV)
+    acc = gs.greedy_accept(torch.zeros(1, 1, dtype=torch.long, device=DEV), root[:, None], logits, hidden, lengths, root)
+    ones, zeros = torch.ones_like(start), torch.zeros_like(start)
+    assert torch.equal(acc.packed, torch.stack((ones, zeros, old_root), 1))
+    assert torch.equal(root, logits[:, 0].float().argmax(-1)) and int(root[1]) == 7
+    assert torch.equal(lengths, start + 1)
+    assert torch.equal(acc.src, start[:, None]) and torch.equal(acc.dst, start[:, None])
+    assert torch.equal(acc.last_hidden, hidden[:, 0])
+
+
 @pytest.mark.parametrize("n, dtype", [pytest.param(12, F32, marks=QUICK), (63, BF16),
                                       pytest.param(255, BF16, marks=QUICK)], ids=dtype_id)
 def test_trace_fields_match_reference(n, dtype):

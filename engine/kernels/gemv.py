@@ -14,8 +14,11 @@ leaves zeroed, so a call is one launch: atomics into a zeroed fp32 buffer needed
 whole output and a cast kernel after, and counters zeroed per call a memset, where inside a step's
 graph each small kernel costs ~1-2 µs. Calls on one device must therefore not overlap: an engine
 runs one stream at a time, but two engines on one device driven from two threads at once would share
-the counters. `bench --part step` times it against cuBLAS per shape; the engine uses it where `gemm`
-says (engine/gemm_choice.py: `auto` times both per shape and row bucket on the GPU it runs on).
+the counters. `gated`: x is an MLP's stacked gate_up [M, 2K] and the kernel multiplies by
+SiLU(gate) * up as it loads it (pointwise.silu_mul_tile, the activation kernel's own arithmetic), so
+the down projection needs no activation kernel before it: one launch a layer less in a step, ~2 µs
+each inside a graph. `bench --part step` times it against cuBLAS per shape; the engine uses it where
+`gemm` says (engine/gemm_choice.py: `auto` times both per shape and row bucket on the GPU it runs on).
 """
 
 from __future__ import annotations
@@ -31,11 +34,18 @@ try:
 except ImportError:  # CPU-only installs use the reference
     triton = None
 
+from .pointwise import silu_mul_reference
+
+if triton is not None:
+    from .pointwise import silu_mul_tile
+
 MAX_ROWS = 64
 
 
-def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    return F.linear(x, weight, bias)
+def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                     gated: bool = False) -> torch.Tensor:
+    """F.linear(x), or with `gated` F.linear(SiLU(gate) * up) of x = [..., gate | up]."""
+    return F.linear(silu_mul_reference(x) if gated else x, weight, bias)
 
 
 # (BLOCK_N, BLOCK_K, warps, stages). The wide blocks (128, 256) are for M = 64: every column block reads all of x
@@ -79,11 +89,12 @@ def sm_count(device: torch.device) -> int:
 
 def _worth_timing(configs: list, named_args: dict, **kwargs) -> list:
     """Autotuning's early prune: each block shape with the splits that suit this N, none whose tiles overflow
-    shared memory at this M."""
-    n, m_block, sm = named_args["N"], kwargs["M_BLOCK"], named_args["SM"]
+    shared memory at this M (a gated input loads two x tiles, gate and up)."""
+    n, sm = named_args["N"], named_args["SM"]
+    x_rows = kwargs["M_BLOCK"] * (2 if kwargs["GATED"] else 1)
     return [c for c in configs
             if c.kwargs["SPLIT_K"] in splits_for(n, c.kwargs["BLOCK_N"], sm)
-            and (m_block + c.kwargs["BLOCK_N"]) * c.kwargs["BLOCK_K"] * 2 * c.num_stages <= SMEM_BYTES]
+            and (x_rows + c.kwargs["BLOCK_N"]) * c.kwargs["BLOCK_K"] * 2 * c.num_stages <= SMEM_BYTES]
 
 
 if triton is not None:
@@ -91,12 +102,13 @@ if triton is not None:
     @triton.autotune(
         configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split}, num_warps=w, num_stages=s)
                  for bn, bk, w, s in BLOCKS for split in SPLITS],
-        key=["M_BLOCK", "N", "K", "SM"],  # SM: the splits allowed, and the workspace sized for them, depend on it
+        key=["M_BLOCK", "N", "K", "SM", "GATED"],  # SM: the splits allowed, and the workspace sized for them, depend on it
         prune_configs_by={"early_config_prune": _worth_timing},
     )
     @triton.jit
     def _skinny(X, W, B, Y, PART, COUNT, M, N, K, sx, sw, sy, SM, SPLIT_K,
-                HAS_BIAS: tl.constexpr, M_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                HAS_BIAS: tl.constexpr, GATED: tl.constexpr, M_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rows = tl.arange(0, M_BLOCK)
@@ -109,7 +121,12 @@ if triton is not None:
         for k0 in range(k_lo, tl.minimum(k_lo + per_split, K), BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < K
-            x = tl.load(X + rows[:, None] * sx + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            x_ok = row_ok[:, None] & k_ok[None, :]
+            if GATED:  # X [M, 2K]: gate, then up K columns on
+                x = silu_mul_tile(tl.load(X + rows[:, None] * sx + ks[None, :], mask=x_ok, other=0.0),
+                                  tl.load(X + rows[:, None] * sx + K + ks[None, :], mask=x_ok, other=0.0))
+            else:
+                x = tl.load(X + rows[:, None] * sx + ks[None, :], mask=x_ok, other=0.0)
             w = tl.load(W + cols[:, None] * sw + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
             acc += tl.dot(x, tl.trans(w))
         ok = row_ok[:, None] & col_ok[None, :]
@@ -149,11 +166,15 @@ def split_counters(device: torch.device) -> torch.Tensor:
     return counters
 
 
-def launch(kernel, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, **config) -> torch.Tensor:
+def launch(kernel, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool = False,
+           **config) -> torch.Tensor:
     """`kernel` (the autotuned `_skinny`, or its plain `.fn` with a `config` spelled out, as the tests run
-    every config) on x2 [rows, K]: the output, the split partials' workspace and the device's counters."""
-    rows, k = x2.shape
-    n = weight.shape[0]
+    every config) on x2 [rows, K] ([rows, 2K] gated): the output, the split partials' workspace and the
+    device's counters."""
+    n, k = weight.shape
+    rows = x2.shape[0]
+    if x2.shape[1] != (2 * k if gated else k):
+        raise ValueError(f"skinny GEMM: input of {x2.shape[1]} columns for a weight of {k}{' (gated: 2x)' if gated else ''}")
     sm = sm_count(x2.device)
     splits = max_split(n, sm)
     y = torch.empty(rows, n, device=x2.device, dtype=x2.dtype)
@@ -166,7 +187,7 @@ def launch(kernel, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         return (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])
 
     kernel[grid](x2, weight, bias if bias is not None else weight, y, part, count, rows, n, k, x2.stride(0),
-                 weight.stride(0), y.stride(0), sm, HAS_BIAS=bias is not None,
+                 weight.stride(0), y.stride(0), sm, HAS_BIAS=bias is not None, GATED=gated,
                  M_BLOCK=max(16, triton.next_power_of_2(rows)), **config)
     return y
 
@@ -176,12 +197,13 @@ def applies(x: torch.Tensor, rows: int) -> bool:
     return triton is not None and x.is_cuda and rows <= MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear for x with at most MAX_ROWS rows (any leading shape), bf16/fp16 on CUDA; else the reference."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False) -> torch.Tensor:
+    """`linear_reference` for x with at most MAX_ROWS rows (any leading shape), bf16/fp16 on CUDA; else the
+    reference itself."""
     rows = x.numel() // x.shape[-1]
     if not applies(x, rows):
-        return linear_reference(x, weight, bias)
+        return linear_reference(x, weight, bias, gated)
     x2 = x.reshape(rows, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    return launch(_skinny, x2, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+    return launch(_skinny, x2, weight, bias, gated).reshape(*x.shape[:-1], weight.shape[0])

@@ -11,7 +11,8 @@ whatever its size (benchmarks/README.md, "SmolLM2-shape step"). Here it is:
                               next root and lengths (in place), the compaction's slots and the last
                               kept node's hidden state (what the next heads read)
   `trace_fields`  1 launch    the step trace (traced steps only: the untraced step runs no extra kernel)
-`row_topk` is the two passes alone (an AR step's trace). A merge and the work after it share a
+`row_topk` is the two passes alone (a sampled AR step's trace, a heads pass). A greedy AR step is
+`greedy_accept` on a one-node tree (decode._ar_forward_fused). A merge and the work after it share a
 program, one per request, so the step needs no launch to wait for the merge to finish.
 The torch code these replace is their reference (`decode.tree_forward`'s unfused branch, and
 `decode.trace_fields`); tests/test_greedy_step_gpu.py compares them on random inputs, and the engine's
@@ -181,9 +182,12 @@ if triton is not None:
         tl.store(out + 1 + W + w, tl.load(Tokens + b * T + node, mask=wok, other=0), mask=wok)
         tl.store(Src + b * W + w, start + node, mask=wok)
         tl.store(Dst + b * W + w, start + tl.minimum(w, kept - 1), mask=wok)
-        tl.store(Roots + b, tl.load(TopIds + b * T + last))
-        tl.debug_barrier()  # every thread has read its request's start (Src, Dst above) before it is replaced
+        next_root = tl.load(TopIds + b * T + last)
+        # every thread has read its request's start (Src, Dst above) before it is replaced, and its node tokens
+        # before the root is: an AR step's one node is the root itself (decode._ar_forward_fused)
+        tl.debug_barrier()
         tl.store(Lengths + b, start + kept)
+        tl.store(Roots + b, next_root)
         src = Hidden + (b * T + last).to(tl.int64) * DIM
         for c in range(0, DIM, BLOCK_HID):  # DIM, the hidden size, is a constant of the model
             h = c + tl.arange(0, BLOCK_HID)
@@ -308,8 +312,9 @@ def greedy_accept(retrieve: torch.Tensor, tokens: torch.Tensor, logits: torch.Te
     the step keeps (accept.RULES["greedy"].verify and tree_forward's bookkeeping), in two launches:
     the argmax's first pass, then its merge and the verification in one program per request.
     `lengths` and `root` [B] get the new lengths and next roots in place: a graph's static state then
-    needs no copy of them (a launch each). `packed` gets trace_width more columns, left for
-    `trace_fields` to fill."""
+    needs no copy of them (a launch each). `tokens` may be a view of `root` (an AR step's one node is its
+    root): the merge reads them before it writes the next roots. `packed` gets trace_width more columns,
+    left for `trace_fields` to fill."""
     b, t = tokens.shape
     paths, w = retrieve.shape
     dim = hidden.shape[-1]

@@ -59,16 +59,23 @@ if triton is not None:
         tl.store(Y + row * n + cols, (w * h).to(Y.dtype.element_ty), mask=ok)
 
     @triton.jit
+    def silu_mul_tile(gate, up):
+        """SiLU(gate) * up of two tiles in the model's dtype, rounding as torch does (SiLU rounded to the
+        dtype, then the product): `_silu_mul`, and the skinny GEMM that applies it as it loads its input
+        (engine/kernels/gemv.py), share it, so the two give the same bits."""
+        g = gate.to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+        return (act * up.to(tl.float32)).to(gate.dtype)
+
+    @triton.jit
     def _silu_mul(GU, Y, f, BLOCK: tl.constexpr):
-        """One program per (row, block of features): Y = SiLU(gate) * up, rounding as torch does."""
+        """One program per (row, block of features): Y = SiLU(gate) * up."""
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = cols < f
         gate = tl.load(GU + row * 2 * f + cols, mask=ok, other=0.0)
-        up = tl.load(GU + row * 2 * f + f + cols, mask=ok, other=0.0).to(tl.float32)
-        g = gate.to(tl.float32)
-        act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
-        tl.store(Y + row * f + cols, (act * up).to(Y.dtype.element_ty), mask=ok)
+        up = tl.load(GU + row * 2 * f + f + cols, mask=ok, other=0.0)
+        tl.store(Y + row * f + cols, silu_mul_tile(gate, up).to(Y.dtype.element_ty), mask=ok)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
