@@ -6,7 +6,8 @@ Run it once from each checkout (the other one copied beside the repo), in turn, 
 the numbers of two calls come from two machines. For each shape (random weights, `bench --part
 step`'s `random_pair`, fused kernels, triton attention) it prints one JSON line: the AR step and the
 tree steps of `--sizes` nodes besides the root (`bench.step.queued_ms`: 100 queued replays, best of
-three prefills) at a prefix of 256 (1,024 for the 7B/8B shapes), their ratios to AR, and the kernels
+three prefills) at a prefix of 256 (1,024 for the 7B/8B shapes), their ratios to AR, the AR step over
+the weight-read floor (copy bandwidth measured in the run, as `bench --part step`), and the kernels
 of each replay with their GPU time by kind (`bench.step.kernel_breakdown`; the files
 `step_sizes_h100_2026-12-06.jsonl` and `attention_merge_ab_h100_2026-12-06.jsonl` hold only the AR's
 and the largest tree's: the script profiled those alone then).
@@ -27,6 +28,7 @@ import torch
 
 import trees
 from engine.bench.attention import graph_us
+from engine.bench.common import copy_bandwidth
 from engine.bench.step import best_queued_ms, random_heads, random_pair, step_kernels, step_runs
 from engine.graphs import StepGraphs
 from engine.kernels import tree_attention as ta
@@ -41,10 +43,13 @@ def step_times(shape: str, label: str, sizes: list[int], gemm: str) -> dict:
     prompt = torch.randint(0, hf.config.vocab_size, (prefix,)).tolist()
     model.setup_cache(1, prefix + 1024)
     graphs = StepGraphs(model)
-    rec = {"label": label, "shape": shape, "prefix": prefix, "gemm": gemm}
+    weight_bytes = sum(v.numel() * v.element_size() for k, v in hf.state_dict().items() if "embed_tokens" not in k)
+    floor_ms = weight_bytes / copy_bandwidth() * 1e3  # as `bench --part step`: every weight but the embedding, once
+    rec = {"label": label, "shape": shape, "prefix": prefix, "gemm": gemm, "weight_floor_ms": round(floor_ms, 3)}
     for run in step_runs(heads, sizes):
         rec[f"{run[0]}_ms"] = round(best_queued_ms(graphs, model, run, prompt, iters=100, tries=3), 4)
         rec[f"{run[0]}_kernels"] = step_kernels(graphs, model, run, prompt)
+    rec["ar_over_floor"] = round(rec["ar_ms"] / floor_ms, 3)
     for n in sizes:
         rec[f"tree_{n}_over_ar"] = round(rec[f"tree_{n}_ms"] / rec["ar_ms"], 3)
     if model.gemm_choice is not None:

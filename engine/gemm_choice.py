@@ -10,8 +10,8 @@ its weight from HBM as in a step and not from L2 as a loop over a small model's 
 keeps the faster for the life of the model: at most len(ROW_BUCKETS) timings per shape. Ours must
 win by MARGIN: only a clear gain switches the kernel (where the two sit within timing noise of the
 margin, two runs can still choose differently, and so round bf16 differently).
-The down projection is chosen with its activation (`gated_linear`): cuBLAS after the SiLU * up kernel,
-against ours applying it as it loads its input, one launch less; both timings include it.
+At one row the down projection is chosen with its activation (`gated_linear`): cuBLAS after the SiLU * up
+kernel, against ours applying it as it loads its input, one launch less; both timings include it.
 `skinny` forces ours wherever it applies (bf16/fp16 on CUDA, at most gemv.MAX_ROWS rows), `cublas`
 never uses it.
 """
@@ -74,14 +74,17 @@ class GemmChoice:
         return layer(x)
 
     def gated_linear(self, layer: nn.Linear, gate_up: torch.Tensor) -> torch.Tensor:
-        """layer(SiLU(gate) * up) of an MLP's stacked gate_up [..., 2F] (the model's fused path: CUDA)."""
+        """layer(SiLU(gate) * up) of an MLP's stacked gate_up [..., 2F] (the model's fused path: CUDA): at one
+        row ours gated or cuBLAS after the activation kernel; at more, the activation kernel, then `linear`."""
         if self._ours(layer, gate_up, gated=True):
             return gemv.linear(gate_up, layer.weight, layer.bias, gated=True)
-        return layer(pointwise.silu_mul(gate_up))
+        act = pointwise.silu_mul(gate_up)
+        one_row = gate_up.numel() == gate_up.shape[-1]  # then cuBLAS won the gated choice (or ours does not apply)
+        return layer(act) if one_row else self.linear(layer, act)
 
     def _ours(self, layer: nn.Linear, x: torch.Tensor, gated: bool) -> bool:
         rows = x.numel() // x.shape[-1]
-        if self.mode == "cublas" or not gemv.applies(x, rows):
+        if self.mode == "cublas" or not gemv.applies(x, rows, gated):
             return False
         return self.mode == "skinny" or self.skinny_wins(layer, rows, gated)
 

@@ -14,10 +14,13 @@ leaves zeroed, so a call is one launch: atomics into a zeroed fp32 buffer needed
 whole output and a cast kernel after, and counters zeroed per call a memset, where inside a step's
 graph each small kernel costs ~1-2 µs. Calls on one device must therefore not overlap: an engine
 runs one stream at a time, but two engines on one device driven from two threads at once would share
-the counters. `gated`: x is an MLP's stacked gate_up [M, 2K] and the kernel multiplies by
-SiLU(gate) * up as it loads it (pointwise.silu_mul_tile, the activation kernel's own arithmetic), so
-the down projection needs no activation kernel before it: one launch a layer less in a step, ~2 µs
-each inside a graph. `bench --part step` times it against cuBLAS per shape; the engine uses it where
+the counters. `gated` (one row: a batch-1 AR step): x is an MLP's stacked gate_up [1, 2K] and the
+kernel applies SiLU(gate) * up as it loads it (pointwise.silu_mul_tile, the activation kernel's own
+arithmetic), so the down projection needs no activation kernel before it: one launch a layer less.
+Every column block computes the activation of its K-slice again: at one row that is K exps a block,
+but over a 16-row tile (as the dot pads one row to) it made the 7B down projection 6 µs slower than
+ungated, and at 32 rows 31 µs (one H100, benchmarks/README.md), more than the ~2 µs activation
+kernel it saves. `bench --part step` times it against cuBLAS per shape; the engine uses it where
 `gemm` says (engine/gemm_choice.py: `auto` times both per shape and row bucket on the GPU it runs on).
 """
 
@@ -121,12 +124,11 @@ if triton is not None:
         for k0 in range(k_lo, tl.minimum(k_lo + per_split, K), BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < K
-            x_ok = row_ok[:, None] & k_ok[None, :]
-            if GATED:  # X [M, 2K]: gate, then up K columns on
-                x = silu_mul_tile(tl.load(X + rows[:, None] * sx + ks[None, :], mask=x_ok, other=0.0),
-                                  tl.load(X + rows[:, None] * sx + K + ks[None, :], mask=x_ok, other=0.0))
+            if GATED:  # X [1, 2K]: gate, then up K columns on; the activation of one row, put in row 0 of the tile
+                act = silu_mul_tile(tl.load(X + ks, mask=k_ok, other=0.0), tl.load(X + K + ks, mask=k_ok, other=0.0))
+                x = tl.where(rows[:, None] == 0, act[None, :], 0.0).to(act.dtype)
             else:
-                x = tl.load(X + rows[:, None] * sx + ks[None, :], mask=x_ok, other=0.0)
+                x = tl.load(X + rows[:, None] * sx + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(W + cols[:, None] * sw + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
             acc += tl.dot(x, tl.trans(w))
         ok = row_ok[:, None] & col_ok[None, :]
@@ -169,12 +171,14 @@ def split_counters(device: torch.device) -> torch.Tensor:
 def launch(kernel, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool = False,
            **config) -> torch.Tensor:
     """`kernel` (the autotuned `_skinny`, or its plain `.fn` with a `config` spelled out, as the tests run
-    every config) on x2 [rows, K] ([rows, 2K] gated): the output, the split partials' workspace and the
+    every config) on x2 [rows, K] ([1, 2K] gated): the output, the split partials' workspace and the
     device's counters."""
     n, k = weight.shape
     rows = x2.shape[0]
     if x2.shape[1] != (2 * k if gated else k):
         raise ValueError(f"skinny GEMM: input of {x2.shape[1]} columns for a weight of {k}{' (gated: 2x)' if gated else ''}")
+    if gated and rows != 1:
+        raise ValueError(f"skinny GEMM: a gated input has one row, not {rows}")
     sm = sm_count(x2.device)
     splits = max_split(n, sm)
     y = torch.empty(rows, n, device=x2.device, dtype=x2.dtype)
@@ -192,16 +196,17 @@ def launch(kernel, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     return y
 
 
-def applies(x: torch.Tensor, rows: int) -> bool:
-    """Whether the kernel runs x of `rows` rows: bf16/fp16 on CUDA, at most MAX_ROWS rows."""
-    return triton is not None and x.is_cuda and rows <= MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16)
+def applies(x: torch.Tensor, rows: int, gated: bool = False) -> bool:
+    """Whether the kernel runs x of `rows` rows: bf16/fp16 on CUDA, at most MAX_ROWS rows (one, gated)."""
+    return (triton is not None and x.is_cuda and rows <= (1 if gated else MAX_ROWS)
+            and x.dtype in (torch.bfloat16, torch.float16))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False) -> torch.Tensor:
     """`linear_reference` for x with at most MAX_ROWS rows (any leading shape), bf16/fp16 on CUDA; else the
     reference itself."""
     rows = x.numel() // x.shape[-1]
-    if not applies(x, rows):
+    if not applies(x, rows, gated):
         return linear_reference(x, weight, bias, gated)
     x2 = x.reshape(rows, x.shape[-1])
     if x2.stride(-1) != 1:
