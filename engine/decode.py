@@ -156,7 +156,7 @@ def ar_forward(model: Transformer, state: DecodeState, params, gen, span: int | 
     root = state.root
     hidden = model(root[:, None], state.lengths[:, None], start=state.lengths,
                    span=span or max(state.host_lengths) + 1)  # [B, 1, d]
-    if params.greedy and model.fused and root.is_cuda and greedy_step.triton is not None:
+    if params.greedy and fused_greedy(model, RULES["greedy"], state):
         return _ar_forward_fused(model, state, hidden, trace_topk)
     logits = model.logits(hidden[:, 0]).float()  # [B, V]
     state.lengths = state.lengths + 1
@@ -164,15 +164,17 @@ def ar_forward(model: Transformer, state: DecodeState, params, gen, span: int | 
     one = torch.ones_like(root)
     packed = torch.stack((one, torch.zeros_like(root), root), dim=1)
     if trace_topk:
-        packed = _ar_trace(packed, logits, root, trace_topk)
+        packed = _ar_trace(model, packed, logits, root, trace_topk)
     return StepTensors(packed, 1, 0, trace_topk, bool(trace_topk), hidden[:, 0])
 
 
-def _ar_trace(packed: torch.Tensor, logits: torch.Tensor, root: torch.Tensor, topk: int) -> torch.Tensor:
-    """A sampled (or CPU) AR step's packed [B, 3] with the target's trace appended (a one-node tree: the
-    root); on CUDA the trace kernel writes it from one top-1 pass over the logits."""
+def _ar_trace(model: Transformer, packed: torch.Tensor, logits: torch.Tensor, root: torch.Tensor,
+              topk: int) -> torch.Tensor:
+    """A sampled (or unfused) AR step's packed [B, 3] with the target's trace appended (a one-node tree:
+    the root). On the fused model the trace kernel writes it from one top-1 pass over the logits; the
+    unfused model stays the torch reference."""
     parent = _one_node(root.device)[1]
-    if not (root.is_cuda and greedy_step.triton is not None):
+    if not (model.fused and root.is_cuda and greedy_step.triton is not None):
         return torch.cat((packed, trace_fields(logits[:, None], root[:, None], parent, None, topk)), 1)
     out = torch.empty(packed.shape[0], 3 + trace_width(1, 0, topk), dtype=torch.long, device=root.device)
     out[:, :3] = packed
@@ -188,6 +190,8 @@ def _one_node(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """A one-node tree's retrieve paths [[0]] and parents [-1] on `device`, made once (outside any graph:
     a captured step's warm-up runs eagerly first), so a captured AR step makes no tensor of its own."""
     if device not in _ONE_NODE:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("decode._one_node: first made inside a graph capture (run a step eagerly first)")
         _ONE_NODE[device] = (torch.zeros(1, 1, dtype=torch.long, device=device),
                              torch.full((1,), -1, dtype=torch.long, device=device))
     return _ONE_NODE[device]

@@ -205,20 +205,24 @@ class Transformer(nn.Module):
 
     def _gemm_choice(self) -> GemmChoice | None:
         """None (each projection its own Linear: cuBLAS) unless `gemm` asks for more; made once, over the
-        stacked projections (every layer's, so `auto` times a shape over all of them)."""
+        stacked projections (every layer's, so `auto` times a shape over all of them) and the lm_head, unless
+        under tensor parallelism (`logits`)."""
         if self.gemm == "cublas":
             return None
         if self.gemm_choice is None:
             projections = [p for layer in self.layers
                            for p in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                                      layer.mlp.down_proj)]
-            self.gemm_choice = GemmChoice(self.gemm, projections + [self.lm_head])
+            self.gemm_choice = GemmChoice(self.gemm, projections + ([] if self.tp.collective else [self.lm_head]))
         return self.gemm_choice
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """lm_head(hidden) in the model's dtype; on the fused path through the GEMM chosen for it (at a 7B
-        shape's batch-1 step the lm_head is the largest single weight read)."""
-        return proj(self.lm_head, hidden, self._gemm_choice() if self.fused and hidden.is_cuda else None)
+        shape's batch-1 step the lm_head is the largest single weight read). Not under tensor parallelism:
+        the lm_head is replicated, and every rank must compute the same logits (engine/tp.py), where each
+        rank would time and tune its own kernel (the sharded projections are summed by an all-reduce)."""
+        use_choice = self.fused and hidden.is_cuda and not self.tp.collective
+        return proj(self.lm_head, hidden, self._gemm_choice() if use_choice else None)
 
     def _norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, fused: bool):
         """-> (x + residual, RMSNorm of it): one kernel on the fused path (x updated in place there)."""

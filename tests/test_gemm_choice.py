@@ -10,6 +10,7 @@ from torch import nn
 from engine.config import ModelArgs, ModelLoadError
 from engine.gemm_choice import MARGIN, ROW_BUCKETS, TIMED_BYTES, GemmChoice, past_l2, row_bucket
 from engine.loading import build_model, fill_model
+from engine.tp import TP
 
 
 def tiny(tmp_path):
@@ -149,3 +150,8 @@ def test_the_model_gathers_every_layers_projections(tmp_path):
             assert sum(len(ps) for ps in choice.layers.values()) == 4 * args.n_layers + 1
             assert model.lm_head in choice.layers[tuple(model.lm_head.weight.shape)]
             assert choice is model._gemm_choice()  # made once
+    # under tensor parallelism the replicated lm_head stays on cuBLAS: each rank would choose and tune its own
+    # kernel, and the ranks' logits must agree
+    model, _, _ = fill_model(build_model(args, TP(group=True), fused=True, gemm="auto"), sd.items(), "cpu",
+                             torch.float32, "tiny")
+    assert sum(len(ps) for ps in model._gemm_choice().layers.values()) == 4 * args.n_layers

@@ -92,9 +92,9 @@ def sm_count(device: torch.device) -> int:
 
 def _worth_timing(configs: list, named_args: dict, **kwargs) -> list:
     """Autotuning's early prune: each block shape with the splits that suit this N, none whose tiles overflow
-    shared memory at this M (a gated input loads two x tiles, gate and up)."""
+    shared memory at this M (a gated input loads two one-row vectors, gate and up, in place of M_BLOCK rows)."""
     n, sm = named_args["N"], named_args["SM"]
-    x_rows = kwargs["M_BLOCK"] * (2 if kwargs["GATED"] else 1)
+    x_rows = 2 if kwargs["GATED"] else kwargs["M_BLOCK"]
     return [c for c in configs
             if c.kwargs["SPLIT_K"] in splits_for(n, c.kwargs["BLOCK_N"], sm)
             and (x_rows + c.kwargs["BLOCK_N"]) * c.kwargs["BLOCK_K"] * 2 * c.num_stages <= SMEM_BYTES]
