@@ -211,7 +211,7 @@ def build_model(args: ModelArgs, tp: TP = SINGLE, device: str | torch.device = "
     """An unfilled Transformer (on the meta device by default: no memory until `fill_model`).
     fused=True (CUDA graphs) stacks q/k/v and gate/up once filled and runs the Triton pointwise
     kernels; it needs a head dim whose half is a power of two (64, 128), else the references run.
-    gemm (with fused): which GEMM runs the projections, one of gemm_choice.GEMMS ("cublas", "skinny":
+    gemm (with fused): which GEMM runs the projections and the lm_head, one of gemm_choice.GEMMS ("cublas", "skinny":
     engine/kernels/gemv.py, "auto": per shape whichever is faster here)."""
     if gemm not in GEMMS:
         raise ModelLoadError(f"gemm must be one of {', '.join(GEMMS)}, not {gemm!r}")

@@ -46,7 +46,7 @@ def add_model_arguments(p: argparse.ArgumentParser, heads: bool = True) -> None:
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="replay greedy steps from CUDA graphs with fused kernels (default: on with CUDA)")
     p.add_argument("--gemm", default="cublas", choices=GEMMS,
-                   help="with CUDA graphs, the projections' GEMM: cuBLAS, our skinny GEMM, or per shape whichever "
+                   help="with CUDA graphs, the GEMM of the projections and lm_head: cuBLAS, our skinny GEMM, or per shape whichever "
                         "is faster on this GPU (timed once; default: %(default)s)")
 
 

@@ -19,7 +19,7 @@ kernel applies SiLU(gate) * up as it loads it (pointwise.silu_mul_tile, the acti
 arithmetic), so the down projection needs no activation kernel before it: one launch a layer less.
 Every column block computes the activation of its K-slice again: at one row that is K exps a block,
 but over a 16-row tile (as the dot pads one row to) it made the 7B down projection 6 µs slower than
-ungated, and at 32 rows 31 µs (one H100, benchmarks/README.md), more than the ~2 µs activation
+ungated, and at 32 rows 35 µs (one H100, benchmarks/README.md), more than the ~2 µs activation
 kernel it saves. `bench --part step` times it against cuBLAS per shape; the engine uses it where
 `gemm` says (engine/gemm_choice.py: `auto` times both per shape and row bucket on the GPU it runs on).
 """

@@ -2,7 +2,8 @@
 
 At batch 1 a 7B layer is a handful of weight-bound GEMVs plus pointwise work that eagerly is ~30
 tiny kernels (RMSNorm alone is seven), each a few microseconds whatever its size. Here the residual
-add and the next RMSNorm are one kernel, and SiLU(gate) * up is one kernel. The kernels round where
+add and the next RMSNorm are one kernel, and SiLU(gate) * up is one kernel (or, at one row with our skinny GEMM,
+part of the down projection's: `silu_mul_tile`, engine/kernels/gemv.py). The kernels round where
 the references round (transformers' order: add in the model dtype; normalise in fp32, cast back,
 then scale by the weight in the model dtype), so the fused path is tested against these references.
 """
