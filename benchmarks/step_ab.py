@@ -29,7 +29,8 @@ import torch
 import trees
 from engine.bench.attention import graph_us
 from engine.bench.common import copy_bandwidth
-from engine.bench.step import best_queued_ms, random_heads, random_pair, step_kernels, step_runs
+from engine.bench.step import best_queued_ms, random_heads, random_pair, step_kernels, step_runs, weight_bytes
+from engine.gemm_choice import GEMMS
 from engine.graphs import StepGraphs
 from engine.kernels import tree_attention as ta
 
@@ -43,8 +44,7 @@ def step_times(shape: str, label: str, sizes: list[int], gemm: str) -> dict:
     prompt = torch.randint(0, hf.config.vocab_size, (prefix,)).tolist()
     model.setup_cache(1, prefix + 1024)
     graphs = StepGraphs(model)
-    weight_bytes = sum(v.numel() * v.element_size() for k, v in hf.state_dict().items() if "embed_tokens" not in k)
-    floor_ms = weight_bytes / copy_bandwidth() * 1e3  # as `bench --part step`: every weight but the embedding, once
+    floor_ms = weight_bytes(hf) / copy_bandwidth() * 1e3  # as `bench --part step`
     rec = {"label": label, "shape": shape, "prefix": prefix, "gemm": gemm, "weight_floor_ms": round(floor_ms, 3)}
     for run in step_runs(heads, sizes):
         rec[f"{run[0]}_ms"] = round(best_queued_ms(graphs, model, run, prompt, iters=100, tries=3), 4)
@@ -82,7 +82,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="16,32,64", help="tree sizes, nodes besides the root")
     ap.add_argument("--min-split", type=int, default=ta.MIN_SPLIT)
     ap.add_argument("--no-attention", action="store_true")
-    ap.add_argument("--gemm", default="cublas", choices=("cublas", "skinny", "auto"))
+    ap.add_argument("--gemm", default="cublas", choices=GEMMS)
     a = ap.parse_args()
     ta.MIN_SPLIT = a.min_split
     print(json.dumps({"label": a.label, "device": torch.cuda.get_device_name(), "min_split": a.min_split}), flush=True)

@@ -523,7 +523,7 @@ def load(
     a tensor-parallel group (`engine.tp.init_from_env`); every rank then runs the same generate calls
     and gets the same tokens. cuda_graphs: replay greedy steps from captured CUDA graphs, with the
     fused Triton kernels (None = on when the device is CUDA). gemm: with graphs, which GEMM runs the
-    projections: "cublas", "skinny" (engine/kernels/gemv.py) or "auto" (per weight shape and row bucket,
+    projections and the lm_head: "cublas", "skinny" (engine/kernels/gemv.py) or "auto" (per weight shape and row bucket,
     whichever is faster on this GPU, timed once; engine/gemm_choice.py).
     """
     dev = parse_device(device)

@@ -9,7 +9,7 @@ length for the whole batch: prefill, training) or a [B] device tensor of per-req
 How it runs is fixed when it is built (`loading.build_model`): the attention `backend`, and `fused`
 (CUDA graphs on): q/k/v and gate/up stacked into one GEMM each, and the pointwise work done by the
 Triton kernels in engine/kernels/ (their torch references are the unfused path); `gemm` (with
-fused) says which GEMM runs the projections: cuBLAS, our skinny GEMM, or per shape whichever is
+fused) says which GEMM runs the projections and the lm_head: cuBLAS, our skinny GEMM, or per shape whichever is
 faster on this GPU (engine/gemm_choice.py).
 """
 
@@ -221,8 +221,7 @@ class Transformer(nn.Module):
         shape's batch-1 step the lm_head is the largest single weight read). Not under tensor parallelism:
         the lm_head is replicated, and every rank must compute the same logits (engine/tp.py), where each
         rank would time and tune its own kernel (the sharded projections are summed by an all-reduce)."""
-        use_choice = self.fused and hidden.is_cuda and not self.tp.collective
-        return proj(self.lm_head, hidden, self._gemm_choice() if use_choice else None)
+        return proj(self.lm_head, hidden, self._gemm_choice() if self.fused and not self.tp.collective else None)
 
     def _norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, fused: bool):
         """-> (x + residual, RMSNorm of it): one kernel on the fused path (x updated in place there)."""

@@ -60,6 +60,12 @@ def random_pair(shape: str, backend: str, fused: bool, hf=None, gemm: str = "cub
     return hf, ours
 
 
+def weight_bytes(hf) -> int:
+    """Bytes a batch-1 step reads in weights: every one but the embedding (a row lookup), once. Over the
+    copy bandwidth, the step's weight-read floor."""
+    return sum(v.numel() * v.element_size() for k, v in hf.state_dict().items() if "embed_tokens" not in k)
+
+
 def random_heads(dim: int) -> MedusaHeads:
     """Four one-ResBlock heads with small random weights, bf16 on CUDA: the step benchmarks' stand-in
     for trained heads (a step's time depends on their shapes, not on their accuracy)."""
@@ -106,9 +112,9 @@ def run_step(shapes: list[str], prefix: int, backend: str) -> dict:
         _, skinny = random_pair(name, backend, fused=True, hf=hf, gemm="skinny")
         _, auto = random_pair(name, backend, fused=True, hf=hf, gemm="auto")
         heads = random_heads(hf.config.hidden_size)
-        weight_bytes = sum(v.numel() * v.element_size() for k, v in hf.state_dict().items() if "embed_tokens" not in k)
-        floor_ms = weight_bytes / bw * 1e3
-        row = {"shape": name, "weight_GB": round(weight_bytes / 1e9, 2), "weight_floor_ms": round(floor_ms, 3)}
+        nbytes = weight_bytes(hf)
+        floor_ms = nbytes / bw * 1e3
+        row = {"shape": name, "weight_GB": round(nbytes / 1e9, 2), "weight_floor_ms": round(floor_ms, 3)}
         prompt = torch.randint(0, hf.config.vocab_size, (prefix,)).tolist()
         tree_of = {n: trees.best_tree_independent(HEAD_ACCURACY, n) if n else None for n in (0, *TREE_SIZES)}
         buf_of = {n: trees.buffers(c, topk=10).to("cuda") if n else None for n, c in tree_of.items()}

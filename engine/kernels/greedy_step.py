@@ -318,10 +318,8 @@ def greedy_accept(retrieve: torch.Tensor, tokens: torch.Tensor, logits: torch.Te
     b, t = tokens.shape
     paths, w = retrieve.shape
     dim = hidden.shape[-1]
-    if not hidden.is_contiguous():
-        raise ValueError("greedy_accept needs the hidden states contiguous")
-    if not (tokens.is_contiguous() and lengths.is_contiguous() and root.is_contiguous()):
-        raise ValueError("greedy_accept needs tokens, lengths and root contiguous (the kernel indexes them flat)")
+    if not all(x.is_contiguous() for x in (hidden, tokens, lengths, root)):
+        raise ValueError("greedy_accept needs hidden, tokens, lengths and root contiguous (the kernel indexes them flat)")
     dev = tokens.device
     chunks = _chunk_pass(logits, 1)
 
