@@ -15,7 +15,8 @@ Then, unless `--no-attention`, the attention kernel alone at 7B heads (32 query 
 and GQA 4:1) at T 1 / 16 / 64 over prefixes of 1,024 and 4,096, µs per call replayed from a CUDA
 graph (`bench.attention.graph_us`: the same K/V every call, so from L2 where it fits; a step reads
 each layer's from HBM). `--min-split` replaces the kernel's MIN_SPLIT before anything runs; `--gemm`
-is the model's GEMM choice (engine/gemm_choice.py; what `auto` chose is recorded).
+is the model's GEMM choice (engine/gemm_choice.py; what `auto` chose is recorded, as are the attention
+kernel's autotuned configurations, chosen per process).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def step_times(shape: str, label: str, sizes: list[int], gemm: str) -> dict:
         rec[f"tree_{n}_over_ar"] = round(rec[f"tree_{n}_ms"] / rec["ar_ms"], 3)
     if model.gemm_choice is not None:
         rec["gemm_choice"] = model.gemm_choice.chosen()
+    rec["attention_configs"] = {str(key): str(cfg) for key, cfg in ta._tree_attn_split.cache.items()}  # autotuned per process
     return rec
 
 

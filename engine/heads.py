@@ -20,10 +20,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelLoadError
+from .kernels import pointwise
 from .tp import SINGLE, TP
 
 # canonical decimal indices only: "00.0." or "٠.0." would name head 0 a second time beside "0.0."
@@ -64,11 +64,19 @@ class MedusaHeads(nn.Module):
         heads batched. Between ResBlocks the shares are gathered (the next block needs all of x)."""
         cols = self.tp.part(self.dim)
         x = h.unsqueeze(0).expand(self.num_heads, -1, -1)
+        tail = pointwise.residual_silu if self._fused_tail(h) else pointwise.residual_silu_reference
         for layer in range(self.num_layers):
             w, b = self.weight[:, layer], self.bias[:, layer]
-            y = x[..., cols] + F.silu(torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2)))
+            y = tail(x[..., cols], torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2)))
             x = self.tp.all_gather(y) if layer + 1 < self.num_layers else y
         return x[..., cols] if self.num_layers == 0 else x
+
+    @staticmethod
+    def _fused_tail(h: torch.Tensor) -> bool:
+        """Whether the ResBlocks' SiLU and residual add run as one kernel (pointwise.residual_silu): on CUDA, in
+        inference (the kernel has no backward: training runs the reference). Eager and graphed steps meet the
+        same test, so they compute the heads alike."""
+        return h.is_cuda and pointwise.triton is not None and not torch.is_grad_enabled()
 
     def forward(self, h: torch.Tensor, lm_head_weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """[N, d] -> logits [K, N, V] (into `out` when given: contiguous, in the weights' dtype)."""

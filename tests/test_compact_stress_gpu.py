@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from engine.kernels import pdl
 from engine.kernels.compact import compact_reference
 
 LAUNCHES = int(os.environ.get("COMPACT_STRESS_LAUNCHES", "2000"))
@@ -119,9 +120,10 @@ def test_harness_counts_what_a_wrong_copy_breaks_and_nothing_else(name):
 
 
 def test_compiled_kernel_stores_nothing_before_every_load_is_done():
-    """The race's cause, checked without a GPU: Triton compiles the kernel for sm_90 here, and in the
-    PTX every global load comes before the block barrier and every global store after it (the kernel
-    built without its barrier has none: the layout the race was measured on)."""
+    """The race's cause, checked without a GPU: Triton compiles the kernel for sm_90 here (with PDL's wait, as
+    Hopper runs it, where Triton has it), and in the PTX every global load comes before the block barrier and
+    every global store after it (the kernel built without its barrier has none: the layout the race was
+    measured on)."""
     triton = pytest.importorskip("triton", reason="Triton is not installed (it compiles for CUDA without a GPU)")
     from triton.backends.compiler import GPUTarget
 
@@ -129,11 +131,12 @@ def test_compiled_kernel_stores_nothing_before_every_load_is_done():
 
     signature = {"K": "*bf16", "V": "*bf16", "Src": "*i64", "Dst": "*i64", **dict.fromkeys(("B", "H", "n"), "i32"),
                  **dict.fromkeys(("skl", "skb", "skh", "sks", "svl", "svb", "svh", "svs"), "i64"),
-                 **dict.fromkeys(("BLOCK_N", "BLOCK_D", "D", "BARRIER"), "constexpr")}
+                 **dict.fromkeys(("BLOCK_N", "BLOCK_D", "D", "BARRIER", "PDL"), "constexpr")}
 
     def ptx(barrier: bool, rows: int, d: int) -> list[str]:
         src = triton.compiler.ASTSource(fn=_compact, signature=signature,
-                                        constexprs={"BLOCK_N": rows, "BLOCK_D": d, "D": d, "BARRIER": barrier})
+                                        constexprs={"BLOCK_N": rows, "BLOCK_D": d, "D": d, "BARRIER": barrier,
+                                                    "PDL": pdl.HAS_GDC})
         return triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"].splitlines()
 
     for rows, d in ((16, 128), (64, 128), (16, 64)):

@@ -6,6 +6,7 @@ from conftest import QUICK, make_hf_model, random_heads_sd
 
 import engine
 import trees
+from engine.kernels import pdl
 from engine.prompts import heldout_prompts
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -99,6 +100,27 @@ def test_traced_ar_heads_passes_replayed_from_a_graph_equal_eager_ones(eager):
                     heads_of([eager.generate(batch[2], 70, mode="ar", trace=True)]))
     finally:
         eager.eos_ids = eng.eos_ids = saved
+
+
+@QUICK
+@pytest.mark.skipif(not torch.cuda.is_available() or not pdl.HAS_GDC or torch.cuda.get_device_capability()[0] < 9,
+                    reason="programmatic dependent launch needs compute capability 9.0 and Triton 3.4")
+@pytest.mark.parametrize("gemm", ["cublas", "skinny"])
+def test_dependent_launch_changes_no_bit_of_a_graphed_run(monkeypatch, gemm):
+    """PDL (engine/kernels/pdl.py) changes when a kernel starts, never what it computes: graphed greedy
+    Medusa and AR in bf16 give the same tokens and leave the same KV cache, bit for bit, with it on and off.
+    A kernel that read its predecessor's output before waiting for it would differ (when the race shows).
+    `skinny` puts our GEMM, whose split-K counters carry from launch to launch, between the other kernels."""
+    runs = {}
+    for off in (False, True):
+        monkeypatch.setattr(pdl, "disabled", off)
+        assert pdl.enabled(torch.device("cuda")) != off
+        eng = engine.load("demo", device="cuda", dtype="bfloat16", backend="triton", gemm=gemm)
+        tokens = [eng.generate(p, 128, mode=mode, tree="mc_sim_7b_63", stop_on_eos=False).token_ids
+                  for p in heldout_prompts(3) for mode in ("medusa", "ar")]
+        runs[off] = tokens, eng.model.cache.k.clone(), eng.model.cache.v.clone()
+    assert runs[False][0] == runs[True][0]
+    assert torch.equal(runs[False][1], runs[True][1]) and torch.equal(runs[False][2], runs[True][2])
 
 
 def test_non_greedy_rules_run_eagerly_with_graphs_on():

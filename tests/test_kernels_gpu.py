@@ -143,7 +143,7 @@ def test_rope_and_cache_write_kernel_matches_reference(dtype, hq, hkv, d):
 
 
 @pytest.mark.parametrize("dtype, dim", grid([BF16, F16, F32], [384, 4096, 5120], quick=[(BF16, 5120), (F32, 384)]))
-def test_norm_and_swiglu_kernels_match_references(dtype, dim):
+def test_norm_swiglu_and_resblock_kernels_match_references(dtype, dim):
     from engine.kernels import pointwise as pw
 
     gen = torch.Generator(device="cuda").manual_seed(seed_of("pointwise", dtype, dim))
@@ -160,6 +160,11 @@ def test_norm_and_swiglu_kernels_match_references(dtype, dim):
     torch.testing.assert_close(got, pw.rms_norm_reference(x, w, 1e-5), atol=tol * 4, rtol=tol)
     gu = torch.randn(5, 2 * dim, device="cuda", generator=gen).to(dtype)
     torch.testing.assert_close(pw.silu_mul(gu), pw.silu_mul_reference(gu), atol=tol, rtol=tol)
+    # a Medusa ResBlock's tail: the heads' shared hidden state expanded over 4 heads, then a residual of its own
+    y = torch.randn(4, 3, dim, device="cuda", generator=gen).to(dtype)
+    for residual in (x[0].expand(4, -1, -1), y.flip(0)):
+        torch.testing.assert_close(pw.residual_silu(residual, y), pw.residual_silu_reference(residual, y), atol=tol,
+                                   rtol=tol)
 
 
 def test_engine_greedy_medusa_equals_ar_with_every_backend_in_fp32():

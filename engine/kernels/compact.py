@@ -16,6 +16,11 @@ try:
 except ImportError:  # CPU-only installs use the reference
     triton = None
 
+from . import pdl
+
+if triton is not None:
+    from .pdl import wait_then_release
+
 
 def compact_reference(k: torch.Tensor, v: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
     """k, v [L, B_cap, H, S, D]; src, dst [B, n]: slot src[b, i] -> dst[b, i] of request b in every
@@ -31,7 +36,8 @@ if triton is not None:
     @triton.jit
     def _compact(K, V, Src, Dst, B, H, n,
                  skl, skb, skh, sks, svl, svb, svh, svs,
-                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr, BARRIER: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr, BARRIER: tl.constexpr, PDL: tl.constexpr):
+        wait_then_release(PDL)
         pid = tl.program_id(0)  # (layer, request, head), head fastest
         h = pid % H
         b = (pid // H) % B
@@ -71,4 +77,5 @@ def compact(k: torch.Tensor, v: torch.Tensor, src: torch.Tensor, dst: torch.Tens
         k, v, src, dst, b, heads, n,
         k.stride(0), k.stride(1), k.stride(2), k.stride(3), v.stride(0), v.stride(1), v.stride(2), v.stride(3),
         BLOCK_N=max(16, triton.next_power_of_2(n)), BLOCK_D=triton.next_power_of_2(d), D=d, BARRIER=barrier,
+        **pdl.options(k),
     )

@@ -37,6 +37,11 @@ try:
 except ImportError:  # CPU-only installs use the reference
     triton = None
 
+from . import pdl
+
+if triton is not None:
+    from .pdl import wait_then_release
+
 from .pointwise import silu_mul_reference
 
 if triton is not None:
@@ -111,7 +116,8 @@ if triton is not None:
     @triton.jit
     def _skinny(X, W, B, Y, PART, COUNT, M, N, K, sx, sw, sy, SM, SPLIT_K,
                 HAS_BIAS: tl.constexpr, GATED: tl.constexpr, M_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr):
+                BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        wait_then_release(PDL)
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rows = tl.arange(0, M_BLOCK)
@@ -192,7 +198,7 @@ def launch(kernel, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
     kernel[grid](x2, weight, bias if bias is not None else weight, y, part, count, rows, n, k, x2.stride(0),
                  weight.stride(0), y.stride(0), sm, HAS_BIAS=bias is not None, GATED=gated,
-                 M_BLOCK=max(16, triton.next_power_of_2(rows)), **config)
+                 M_BLOCK=max(16, triton.next_power_of_2(rows)), **pdl.options(x2), **config)
     return y
 
 

@@ -36,6 +36,11 @@ try:
 except ImportError:  # CPU-only installs use the references
     triton = None
 
+from . import pdl
+
+if triton is not None:
+    from .pdl import wait_then_release
+
 CHUNK = 2048  # vocabulary entries per program in row_topk's first pass
 MERGE_ROWS = 4  # rows per program in row_topk's merge
 
@@ -75,9 +80,10 @@ if triton is not None:
 
     @triton.jit
     def _chunk_topk(X, Vals, Ids, Max, SumExp, V, n_chunks, inner, stride_outer, stride_inner,
-                    K: tl.constexpr, BLOCK: tl.constexpr):
+                    K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
         """Program (row, chunk): the chunk's top-K (by repeated argmax, ties to the smaller index)
         and its max and sum of exp(x - max) for the row's log-sum-exp. Row r is X[r // inner, r % inner]."""
+        wait_then_release(PDL)
         row, c = tl.program_id(0), tl.program_id(1)
         offs = c * BLOCK + tl.arange(0, BLOCK)
         base = X + (row // inner).to(tl.int64) * stride_outer + (row % inner).to(tl.int64) * stride_inner
@@ -88,8 +94,8 @@ if triton is not None:
         # a chunk of only -inf (masked vocabulary) adds nothing (exp(x - top) would be exp(NaN) there)
         tl.store(SumExp + out, tl.sum(tl.exp(x - tl.where(top == float("-inf"), 0.0, top)), axis=0))
         for i in range(K):
-            j = tl.argmax(x, axis=0)
-            tl.store(Vals + out * K + i, tl.max(x, axis=0))
+            top_i, j = tl.max(x, axis=0, return_indices=True)  # one reduction for the value and its index
+            tl.store(Vals + out * K + i, top_i)
             tl.store(Ids + out * K + i, (c * BLOCK + j).to(tl.int64))
             x = tl.where(tl.arange(0, BLOCK) == j, float("-inf"), x)
 
@@ -108,8 +114,9 @@ if triton is not None:
             vals = tl.load(Vals + row[:, None] * n_chunks * K + pos, mask=ok, other=float("-inf"))
             ids = tl.load(Ids + row[:, None] * n_chunks * K + pos, mask=ok, other=0)
             for i in range(K):
-                j = tl.argmax(vals, axis=1)[:, None]
-                tl.store(OutVals + row * K + i, tl.max(vals, axis=1), mask=row_ok)
+                top_i, j = tl.max(vals, axis=1, return_indices=True)
+                j = j[:, None]
+                tl.store(OutVals + row * K + i, top_i, mask=row_ok)
                 tl.store(OutIds + row * K + i, tl.sum(tl.where(pos == j, ids, 0), axis=1), mask=row_ok)
                 vals = tl.where(pos == j, float("-inf"), vals)
             live = row_ok[:, None] & (c < n_chunks)
@@ -120,18 +127,20 @@ if triton is not None:
 
     @triton.jit
     def _merge_topk(Vals, Ids, Max, SumExp, OutVals, OutIds, Lse, n_rows, n_chunks,
-                    K: tl.constexpr, ROWS: tl.constexpr, CAND: tl.constexpr, CHUNKS: tl.constexpr):
+                    K: tl.constexpr, ROWS: tl.constexpr, CAND: tl.constexpr, CHUNKS: tl.constexpr, PDL: tl.constexpr):
         """Program (block of ROWS rows): `_merge_rows`."""
+        wait_then_release(PDL)
         _merge_rows(tl.program_id(0) * ROWS, n_rows, Vals, Ids, Max, SumExp, OutVals, OutIds, Lse, n_chunks,
                     K, ROWS, ROWS, CAND, CHUNKS)
 
     @triton.jit
     def _merge_draft(Vals, Ids, Max, SumExp, OutVals, OutIds, Lse, Root, TreeIdx, PosIds, Start, Tokens, Positions,
                      n_chunks, heads, T, TOPK: tl.constexpr, ROWS: tl.constexpr, CAND: tl.constexpr,
-                     CHUNKS: tl.constexpr, BLOCK_T: tl.constexpr):
+                     CHUNKS: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr):
         """Program (request): its heads' top-k (`_merge_rows`), then the draft: node t's token is the
         root (flat index 0) or entry f - 1 of the heads' flattened top-k [K * topk]; its position is
         the request's length plus its depth."""
+        wait_then_release(PDL)
         b = tl.program_id(0)
         _merge_rows(b * heads, b * heads + heads, Vals, Ids, Max, SumExp, OutVals, OutIds, Lse, n_chunks, TOPK, ROWS, ROWS,
                     CAND, CHUNKS)
@@ -148,12 +157,14 @@ if triton is not None:
     def _merge_accept(Vals, Ids, Max, SumExp, TopVals, TopIds, Lse, Retrieve, Tokens, Lengths, Packed, Roots,
                       Hidden, LastHidden, Src, Dst, n_chunks, T, P, W, packed_stride, BLOCK_T: tl.constexpr,
                       ROWS: tl.constexpr, CAND: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_P: tl.constexpr,
-                      BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr, DIM: tl.constexpr, BLOCK_HID: tl.constexpr):
+                      BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr, DIM: tl.constexpr, BLOCK_HID: tl.constexpr,
+                      PDL: tl.constexpr):
         """Program (request): the target's argmax and log-sum-exp at each of its T nodes
         (`_merge_rows`), then every root-to-leaf path's accepted length (nodes whose token is the
         target's argmax at their parent, from the root down), the first longest path, and what
         the step writes from it. Lengths holds each request's start and gets its new length: the
         program reads its own entry before it writes it."""
+        wait_then_release(PDL)
         b = tl.program_id(0)
         _merge_rows(b * T, b * T + T, Vals, Ids, Max, SumExp, TopVals, TopIds, Lse, n_chunks, 1, BLOCK_T, ROWS, CAND,
                     CHUNKS)
@@ -168,8 +179,7 @@ if triton is not None:
         want = tl.load(TopIds + b * T + parent, mask=present, other=-2)
         fail = tl.where(present & (cand == want), W - 1, j + 0 * p)  # first failing depth, else D
         length = tl.where(tl.arange(0, BLOCK_P) < P, tl.min(fail, axis=1), -1)
-        row = tl.argmax(length, axis=0)  # the first path of the greatest length
-        best = tl.max(length, axis=0)
+        best, row = tl.max(length, axis=0, return_indices=True)  # the first path of the greatest length
         w = tl.arange(0, BLOCK_W)
         wok = w < W
         node = tl.load(Retrieve + row * W + tl.minimum(w, best), mask=wok, other=0)
@@ -200,8 +210,9 @@ if triton is not None:
     @triton.jit
     def _trace(Tokens, Parent, Logits, TopVals, TopIds, Lse, HeadVals, HeadIds, HeadLse, Out, out_stride, sb, st, T, KT,
                TOPK,
-               BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+               BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
         """Program (request): the fields of decode.trace_fields under greedy acceptance."""
+        wait_then_release(PDL)
         b = tl.program_id(0)
         out = Out + b * out_stride
         t = tl.arange(0, BLOCK_T)
@@ -265,7 +276,8 @@ def _chunk_pass(x: torch.Tensor, k: int) -> _Chunks:
                      torch.empty(rows, n_chunks, k, device=dev, dtype=torch.int64),
                      torch.empty(rows, n_chunks, device=dev, dtype=torch.float32),
                      torch.empty(rows, n_chunks, device=dev, dtype=torch.float32), k)
-    _chunk_topk[(rows, n_chunks)](x, *chunks.args(), vocab, n_chunks, inner, x.stride(0), x.stride(1), K=k, BLOCK=block)
+    _chunk_topk[(rows, n_chunks)](x, *chunks.args(), vocab, n_chunks, inner, x.stride(0), x.stride(1), K=k, BLOCK=block,
+                                     **pdl.options(x))
     return chunks
 
 
@@ -283,7 +295,7 @@ def row_topk(x: torch.Tensor, k: int) -> TopK:
     rows = chunks.max.shape[0]
     out = _empty_topk(rows, k, x.device)
     _merge_topk[(triton.cdiv(rows, MERGE_ROWS),)](*chunks.args(), out.values, out.ids, out.lse, rows, chunks.n_chunks,
-                                                   K=k, ROWS=MERGE_ROWS, **chunks.merge_sizes())
+                                                   K=k, ROWS=MERGE_ROWS, **chunks.merge_sizes(), **pdl.options(x))
     return out
 
 
@@ -300,7 +312,7 @@ def draft(head_logits: torch.Tensor, topk: int, root: torch.Tensor, tree_indices
                   torch.empty(b, t, device=dev, dtype=torch.int64))
     _merge_draft[(b,)](*chunks.args(), out.top.values, out.top.ids, out.top.lse, root, tree_indices, position_ids, start,
                        out.tokens, out.positions, chunks.n_chunks, k, t, TOPK=topk, ROWS=_pow2(k, 1),
-                       BLOCK_T=_pow2(t), **chunks.merge_sizes())
+                       BLOCK_T=_pow2(t), **chunks.merge_sizes(), **pdl.options(root))
     return out
 
 
@@ -333,7 +345,7 @@ def greedy_accept(retrieve: torch.Tensor, tokens: torch.Tensor, logits: torch.Te
                         acc.packed, root, hidden, acc.last_hidden, acc.src, acc.dst, chunks.n_chunks, t, paths, w,
                         acc.packed.stride(0), BLOCK_T=_pow2(t, 1), ROWS=min(64, _pow2(t, 1)),
                         BLOCK_P=_pow2(paths, 1), BLOCK_D=_pow2(w - 1, 1), BLOCK_W=_pow2(w, 1), DIM=dim,
-                        BLOCK_HID=min(1024, _pow2(dim)), **chunks.merge_sizes())
+                        BLOCK_HID=min(1024, _pow2(dim)), **chunks.merge_sizes(), **pdl.options(hidden))
     return acc
 
 
@@ -347,4 +359,5 @@ def trace_fields(out: torch.Tensor, tokens: torch.Tensor, parent: torch.Tensor, 
     kt = 0 if heads is None else heads.ids.numel() // b
     heads = heads or target  # never read when kt is 0
     _trace[(b,)](tokens, parent, logits, target.values, target.ids, target.lse, heads.values, heads.ids, heads.lse,
-                 out, out.stride(0), logits.stride(0), logits.stride(1), t, kt, topk, BLOCK_T=_pow2(t), BLOCK_H=_pow2(kt))
+                 out, out.stride(0), logits.stride(0), logits.stride(1), t, kt, topk, BLOCK_T=_pow2(t), BLOCK_H=_pow2(kt),
+                 **pdl.options(out))

@@ -3,7 +3,8 @@
 At batch 1 a 7B layer is a handful of weight-bound GEMVs plus pointwise work that eagerly is ~30
 tiny kernels (RMSNorm alone is seven), each a few microseconds whatever its size. Here the residual
 add and the next RMSNorm are one kernel, and SiLU(gate) * up is one kernel (or, at one row with our skinny GEMM,
-part of the down projection's: `silu_mul_tile`, engine/kernels/gemv.py). The kernels round where
+part of the down projection's: `silu_mul_tile`, engine/kernels/gemv.py). A Medusa ResBlock's SiLU and
+residual add after its linear layer are one kernel too (engine/heads.py). The kernels round where
 the references round (transformers' order: add in the model dtype; normalise in fp32, cast back,
 then scale by the weight in the model dtype), so the fused path is tested against these references.
 """
@@ -18,6 +19,11 @@ try:
     import triton.language as tl
 except ImportError:  # CPU-only installs use the references
     triton = None
+
+from . import pdl
+
+if triton is not None:
+    from .pdl import wait_then_release
 
 
 # -- references -----------------------------------------------------------------------------------
@@ -34,6 +40,11 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torc
     return x, rms_norm_reference(x, weight, eps)
 
 
+def residual_silu_reference(residual: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """residual + SiLU(y): a Medusa ResBlock's tail after its linear layer (engine/heads.py)."""
+    return residual + F.silu(y)
+
+
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     """[..., 2F] (gate then up, as the stacked GEMM writes them) -> SiLU(gate) * up [..., F]."""
     gate, up = gate_up.chunk(2, dim=-1)
@@ -44,8 +55,9 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
 if triton is not None:
 
     @triton.jit
-    def _add_rms_norm(X, R, W, Y, n, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    def _add_rms_norm(X, R, W, Y, n, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
         """One program per row: X += R (in X's dtype, in place), Y = W * rms_norm(X)."""
+        wait_then_release(PDL)
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         ok = cols < n
@@ -69,14 +81,29 @@ if triton is not None:
         return (act * up.to(tl.float32)).to(gate.dtype)
 
     @triton.jit
-    def _silu_mul(GU, Y, f, BLOCK: tl.constexpr):
+    def _silu_mul(GU, Y, f, BLOCK: tl.constexpr, PDL: tl.constexpr):
         """One program per (row, block of features): Y = SiLU(gate) * up."""
+        wait_then_release(PDL)
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = cols < f
         gate = tl.load(GU + row * 2 * f + cols, mask=ok, other=0.0)
         up = tl.load(GU + row * 2 * f + f + cols, mask=ok, other=0.0)
         tl.store(Y + row * f + cols, silu_mul_tile(gate, up).to(Y.dtype.element_ty), mask=ok)
+
+    @triton.jit
+    def _residual_silu(R, Y, Out, n, rows_per_head, s_rk, s_rn, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        """One program per (head, row): Out = R + SiLU(Y), SiLU rounded to the dtype, then the add (torch's
+        order). R is read through its strides: the heads' first ResBlock adds the one hidden state they share."""
+        wait_then_release(PDL)
+        row = tl.program_id(0).to(tl.int64)  # heads x rows x dim passes 2^31 in a training-sized heads pass
+        cols = tl.arange(0, BLOCK)
+        ok = cols < n
+        y = tl.load(Y + row * n + cols, mask=ok, other=0.0)
+        r = tl.load(R + (row // rows_per_head) * s_rk + (row % rows_per_head) * s_rn + cols, mask=ok, other=0.0)
+        yf = y.to(tl.float32)
+        act = (yf / (1.0 + tl.exp(-yf))).to(y.dtype).to(tl.float32)
+        tl.store(Out + row * n + cols, (r.to(tl.float32) + act).to(Out.dtype.element_ty), mask=ok)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
@@ -88,7 +115,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     y = torch.empty_like(x)
     _add_rms_norm[(rows,)](x, residual.contiguous() if residual is not None else x, weight, y, n, eps,
                            HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n),
-                           num_warps=8 if n >= 2048 else 4)
+                           num_warps=8 if n >= 2048 else 4, **pdl.options(x))
     return x, y
 
 
@@ -98,5 +125,20 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     gate_up = gate_up.contiguous()
     y = torch.empty(*gate_up.shape[:-1], f, device=gate_up.device, dtype=gate_up.dtype)
     block = min(2048, triton.next_power_of_2(f))
-    _silu_mul[(rows, triton.cdiv(f, block))](gate_up, y, f, BLOCK=block)
+    _silu_mul[(rows, triton.cdiv(f, block))](gate_up, y, f, BLOCK=block, **pdl.options(y))
     return y
+
+
+def residual_silu(residual: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """`residual_silu_reference` in one launch, for y [K, N, d] (contiguous) and residual [K, N, d] of any strides
+    (a [N, d] state expanded over the K heads is read in place, once per head)."""
+    k, rows, n = y.shape
+    if not y.is_contiguous() or residual.shape != y.shape:
+        raise ValueError(f"residual_silu: y {tuple(y.shape)} must be contiguous and the residual {tuple(residual.shape)} "
+                         "of its shape")
+    if residual.stride(-1) != 1:
+        residual = residual.contiguous()
+    out = torch.empty_like(y)
+    _residual_silu[(k * rows,)](residual, y, out, n, rows, residual.stride(0), residual.stride(1),
+                                BLOCK=triton.next_power_of_2(n), **pdl.options(y))
+    return out

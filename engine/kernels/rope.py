@@ -18,6 +18,11 @@ try:
 except ImportError:  # CPU-only installs use the reference
     triton = None
 
+from . import pdl
+
+if triton is not None:
+    from .pdl import wait_then_release
+
 
 def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):
     """positions [B, T] -> cos, sin [B, 1, T, D] in the model dtype (angles in float32)."""
@@ -52,8 +57,9 @@ if triton is not None:
     def _rope_qkv_to_cache(
         QKV, Pos, InvFreq, QOut, K, V, Starts,
         T, HQ, HKV, sx_b, sx_t, sq_b, sq_h, sq_t, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
-        D: tl.constexpr, HALF: tl.constexpr,
+        D: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr,
     ):
+        wait_then_release(PDL)
         bt = tl.program_id(0)  # (request, block token)
         head = tl.program_id(1)  # HQ query heads, then HKV key heads, then HKV value heads
         b = bt // T
@@ -99,6 +105,6 @@ def rope_qkv_to_cache(qkv: torch.Tensor, positions: torch.Tensor, inv_freq: torc
         qkv, positions, inv_freq, q, cache_k, cache_v, start,
         t, n_heads, n_kv_heads, qkv.stride(0), qkv.stride(1), q.stride(0), q.stride(1), q.stride(2),
         cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), cache_v.stride(0), cache_v.stride(1), cache_v.stride(2),
-        D=d, HALF=d // 2,
+        D=d, HALF=d // 2, **pdl.options(q),
     )
     return q

@@ -30,6 +30,11 @@ try:
 except ImportError:  # CPU-only installs: the reference below still works
     triton = None
 
+from . import pdl
+
+if triton is not None:
+    from .pdl import wait_then_release
+
 BLOCK_N = 64  # keys per inner iteration of the merge's split arithmetic (the split kernel tunes its own)
 MIN_SPLIT = 256  # fewest prefix keys worth a split of their own
 ROW_CAP = 64  # most packed query rows in a bf16/fp16 tile (block_rows)
@@ -99,7 +104,9 @@ if triton is not None:
         sqb, sqh, sqt, skb, skh, sks, svb, svh, svs,
         n_kv_heads, T, G, W, n_splits, sm_scale,
         BLOCK_M: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr, MIN_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        wait_then_release(PDL)
         pid_bh = tl.program_id(0)
         pid_m = tl.program_id(1)
         pid_s = tl.program_id(2)
@@ -160,9 +167,11 @@ if triton is not None:
         PO, PL, Out, Starts, so_b, so_h, so_t,
         n_kv_heads, T, G, n_splits,
         BLOCK_R: tl.constexpr, D: tl.constexpr, MIN_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         """One program per (request x KV head, block of rows): softmax-weighted sum of the splits
         with work and the tree split, written straight into Out [B, Hq, T, D] in its dtype."""
+        wait_then_release(PDL)
         pid_bh = tl.program_id(0)
         rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
         n_rows = G * T
@@ -257,13 +266,13 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int
         q, k, v, tree_bits, po, pl, starts,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         hkv, t, g, tree_bits.shape[1], n_splits, 1.0 / math.sqrt(d),
-        BLOCK_M=block_m, D=d, IEEE=ieee, MIN_SPLIT=MIN_SPLIT,
+        BLOCK_M=block_m, D=d, IEEE=ieee, MIN_SPLIT=MIN_SPLIT, **pdl.options(q),
     )
     # [B, T, Hq, D] in memory, seen as [B, Hq, T, D]: the caller's transpose + reshape to [B, T, Hq*D] is free
     out = torch.empty(b, t, hq, d, device=q.device, dtype=q.dtype).transpose(1, 2)
     block_r = 16
     _merge_splits[(b * hkv, triton.cdiv(rows, block_r))](
         po, pl, out, starts, out.stride(0), out.stride(1), out.stride(2),
-        hkv, t, g, n_splits, BLOCK_R=block_r, D=d, MIN_SPLIT=MIN_SPLIT, BLOCK_N=BLOCK_N,
+        hkv, t, g, n_splits, BLOCK_R=block_r, D=d, MIN_SPLIT=MIN_SPLIT, BLOCK_N=BLOCK_N, **pdl.options(q),
     )
     return out
