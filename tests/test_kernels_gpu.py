@@ -162,7 +162,9 @@ def test_norm_swiglu_and_resblock_kernels_match_references(dtype, dim):
     torch.testing.assert_close(pw.silu_mul(gu), pw.silu_mul_reference(gu), atol=tol, rtol=tol)
     # a Medusa ResBlock's tail: the heads' shared hidden state expanded over 4 heads, then a residual of its own
     y = torch.randn(4, 3, dim, device="cuda", generator=gen).to(dtype)
-    for residual in (x[0].expand(4, -1, -1), y.flip(0)):
+    wide = torch.randn(4, 3, 2 * dim, device="cuda", generator=gen).to(dtype)
+    # expanded; its own; a column slice (a tensor-parallel rank's: an offset, rows wider than dim); strided columns
+    for residual in (x[0].expand(4, -1, -1), y.flip(0), wide[..., dim:], wide[..., ::2]):
         torch.testing.assert_close(pw.residual_silu(residual, y), pw.residual_silu_reference(residual, y), atol=tol,
                                    rtol=tol)
 

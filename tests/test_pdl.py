@@ -64,10 +64,25 @@ def test_every_kernel_waits_for_the_previous_one_first():
 
 def test_every_launch_passes_the_pdl_options():
     launches = _launches()
-    assert len(launches) >= 11
+    assert len(launches) >= 13  # one per kernel at least
     for path, call in launches:
         spread = [ast.unparse(k.value) for k in call.keywords if k.arg is None]
         assert any(s.startswith("pdl.options(") for s in spread), f"{path.name}:{call.lineno} launches without PDL"
+
+
+def test_pdl_is_off_unless_asked_for():
+    """Read once at import: off with the variable unset or not "1" (a fresh interpreter, as a process starts)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from engine.kernels import pdl; print(pdl.disabled)"
+    for value in (None, "0", "yes", "1"):
+        env = {k: v for k, v in os.environ.items() if k not in (pdl.ENV, "TRITON_INTERPRET")}
+        if value is not None:
+            env[pdl.ENV] = value
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+        assert out.strip() == str(value != "1" or not pdl.HAS_GDC), value
 
 
 def test_pdl_is_off_where_it_cannot_run(monkeypatch):
@@ -84,7 +99,7 @@ def test_helpers_are_found_as_helpers(name):
     assert name in _jit_functions() and name in _called_by_name()
 
 
-# kernel -> (its signature's pointer and int arguments, constexprs besides PDL): kernels of this change, compiled
+# kernel -> (its signature's pointer and int arguments, constexprs besides PDL): kernels compiled
 COMPILED = {
     "tree_attention._merge_splits": (
         {"PO": "*fp32", "PL": "*fp32", "Out": "*bf16", "Starts": "*i32",

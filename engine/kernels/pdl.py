@@ -13,9 +13,9 @@ kernel completes only after the one before it did, so a kernel two launches late
 torch kernel, launched without PDL, which waits for full completion anyway) still sees every earlier
 write; and no program writes anything, in place or not, before its predecessor is done.
 
-Why it is off by default: on one H100 (benchmarks/README.md, 2026-12-07) it made the graphed AR step
-faster (demo 8.7 %, SmolLM2 1.7 %, the 7B shape about 1.3 %) but the 63/64-node tree step of the demo
-and the 7B shape slower (4.6 %, 2.7 %), one run each; a Medusa run is mostly tree steps.
+Why it is off by default: on one H100 (benchmarks/README.md, 2026-12-07; one run each) it made the
+graphed AR step faster (demo 8.7 %, SmolLM2 1.7 %) and SmolLM2's 63-node step 2.6 % faster, but the
+demo's 63-node step 4.6 % slower, and why was not found; a Medusa run is mostly tree steps.
 `MEDUSA_WORKBENCH_PDL=1` in the environment at start turns it on, where it can run: compute capability
 9.0 or later, a Triton with grid dependency control (3.4+), not Triton's interpreter. It is read once,
 as a launch must cost no more host time than it did. The arithmetic is the same either way.
@@ -63,7 +63,7 @@ _ON: dict[int, bool] = {}
 
 def enabled(device: torch.device) -> bool:
     """Whether kernels on `device` launch with PDL: CUDA at compute capability 9.0 or later, unless `disabled`."""
-    if disabled or device.type != "cuda":
+    if disabled or device.type != "cuda" or torch.version.hip is not None:  # ROCm reports a CUDA device, no PDL
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _ON:
@@ -72,7 +72,6 @@ def enabled(device: torch.device) -> bool:
 
 
 def options(t: torch.Tensor) -> dict:
-    """A launch's keyword arguments for a kernel with a `PDL` constexpr, whose inputs live where `t` does
-    (`launch_pdl` only where Triton knows it)."""
-    on = enabled(t.device)
-    return {"PDL": on, "launch_pdl": on} if HAS_GDC else {"PDL": False}
+    """A launch's keyword arguments for a kernel with a `PDL` constexpr, whose inputs live where `t` does.
+    `launch_pdl` is passed only when on, so a launch with PDL off is the plain launch on any backend."""
+    return {"PDL": True, "launch_pdl": True} if enabled(t.device) else {"PDL": False}

@@ -133,9 +133,9 @@ def residual_silu(residual: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """`residual_silu_reference` in one launch, for y [K, N, d] (contiguous) and residual [K, N, d] of any strides
     (a [N, d] state expanded over the K heads is read in place, once per head)."""
     k, rows, n = y.shape
-    if not y.is_contiguous() or residual.shape != y.shape:
-        raise ValueError(f"residual_silu: y {tuple(y.shape)} must be contiguous and the residual {tuple(residual.shape)} "
-                         "of its shape")
+    if not y.is_contiguous() or residual.shape != y.shape or residual.dtype != y.dtype:
+        raise ValueError(f"residual_silu: y {tuple(y.shape)} {y.dtype} must be contiguous and the residual "
+                         f"{tuple(residual.shape)} {residual.dtype} of its shape and dtype")
     if residual.stride(-1) != 1:
         residual = residual.contiguous()
     out = torch.empty_like(y)
