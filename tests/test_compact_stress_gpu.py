@@ -120,10 +120,10 @@ def test_harness_counts_what_a_wrong_copy_breaks_and_nothing_else(name):
 
 
 def test_compiled_kernel_stores_nothing_before_every_load_is_done():
-    """The race's cause, checked without a GPU: Triton compiles the kernel for sm_90 here (with PDL's wait, as
-    Hopper runs it with MEDUSA_WORKBENCH_PDL=1, where Triton has it), and in the PTX every global load comes before the block barrier and
-    every global store after it (the kernel built without its barrier has none: the layout the race was
-    measured on)."""
+    """The race's cause, checked without a GPU: Triton compiles the kernel for sm_90 here (with PDL's wait,
+    as Hopper runs it with MEDUSA_WORKBENCH_PDL=1, where Triton has it), and in the PTX every global load
+    comes before the block barrier and every global store after it (the kernel built without its barrier
+    has none: the layout the race was measured on)."""
     triton = pytest.importorskip("triton", reason="Triton is not installed (it compiles for CUDA without a GPU)")
     from triton.backends.compiler import GPUTarget
 

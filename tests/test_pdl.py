@@ -94,7 +94,7 @@ def test_pdl_is_off_where_it_cannot_run(monkeypatch):
         assert not pdl.enabled(torch.device("cuda"))
 
 
-@pytest.mark.parametrize("name", ["_merge_rows", "_live_splits", "silu_mul_tile"])
+@pytest.mark.parametrize("name", ["_merge_rows", "_live_splits", "silu_mul_tile", "silu_tile"])
 def test_helpers_are_found_as_helpers(name):
     assert name in _jit_functions() and name in _called_by_name()
 

@@ -72,13 +72,17 @@ if triton is not None:
         tl.store(Y + row * n + cols, (w * h).to(Y.dtype.element_ty), mask=ok)
 
     @triton.jit
+    def silu_tile(x):
+        """SiLU(x) rounded to x's dtype, as torch's F.silu returns it, in float32 for the next operation."""
+        xf = x.to(tl.float32)
+        return (xf / (1.0 + tl.exp(-xf))).to(x.dtype).to(tl.float32)
+
+    @triton.jit
     def silu_mul_tile(gate, up):
         """SiLU(gate) * up of two tiles in the model's dtype, rounding as torch does (SiLU rounded to the
         dtype, then the product): `_silu_mul`, and the skinny GEMM that applies it as it loads its input
         (engine/kernels/gemv.py), share it, so the two give the same bits."""
-        g = gate.to(tl.float32)
-        act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
-        return (act * up.to(tl.float32)).to(gate.dtype)
+        return (silu_tile(gate) * up.to(tl.float32)).to(gate.dtype)
 
     @triton.jit
     def _silu_mul(GU, Y, f, BLOCK: tl.constexpr, PDL: tl.constexpr):
@@ -101,9 +105,7 @@ if triton is not None:
         ok = cols < n
         y = tl.load(Y + row * n + cols, mask=ok, other=0.0)
         r = tl.load(R + (row // rows_per_head) * s_rk + (row % rows_per_head) * s_rn + cols, mask=ok, other=0.0)
-        yf = y.to(tl.float32)
-        act = (yf / (1.0 + tl.exp(-yf))).to(y.dtype).to(tl.float32)
-        tl.store(Out + row * n + cols, (r.to(tl.float32) + act).to(Out.dtype.element_ty), mask=ok)
+        tl.store(Out + row * n + cols, (r.to(tl.float32) + silu_tile(y)).to(Out.dtype.element_ty), mask=ok)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
