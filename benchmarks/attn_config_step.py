@@ -8,7 +8,9 @@ prints one JSON line per setting: the autotuned choice (and the configuration it
 shape), then each configuration forced alone (one that needs more shared memory than the GPU has
 says so), and the autotuned one with MIN_SPLIT 512. Each line
 has the AR step and the 16- and 64-node tree steps (`bench.step.queued_ms`, best of three) and the
-attention kernels' GPU time per step (`bench.step.kernel_breakdown`).
+attention kernels' GPU time per step (`bench.step.kernel_breakdown`). Since 2026-12-07 an AR step's
+attention (T = 1, bf16/fp16) runs `tree_attention.DECODE_CONFIG`, chosen from this script's runs, so a
+forced configuration changes the tree steps only.
 """
 
 from __future__ import annotations

@@ -209,7 +209,8 @@ def _ar_forward_fused(model: Transformer, state: DecodeState, hidden: torch.Tens
     tokens = (state.root.clone() if trace_topk else state.root)[:, None]
     logits = model.logits(hidden)  # [B, 1, V]
     width = trace_width(1, 0, trace_topk) if trace_topk else 0
-    acc = greedy_step.greedy_accept(retrieve, tokens, logits, hidden, state.lengths, state.root, width)
+    acc = greedy_step.greedy_accept(retrieve, tokens, logits, hidden, state.lengths, state.root, width,
+                                    lse=bool(trace_topk))
     if trace_topk:
         greedy_step.trace_fields(acc.packed[:, 3:], tokens, parent, logits, acc.target, None, trace_topk)
     return StepTensors(acc.packed, 1, 0, trace_topk, bool(trace_topk), hidden[:, 0])
@@ -267,13 +268,15 @@ def _tree_forward_fused(model: Transformer, heads: MedusaHeads, buf: TreeBuffers
     start = state.lengths
     b, k, _ = state.head_logits.shape
     t = buf.num_nodes
-    drafted = greedy_step.draft(state.head_logits, buf.topk, state.root, buf.tree_indices, buf.position_ids, start)
+    drafted = greedy_step.draft(state.head_logits, buf.topk, state.root, buf.tree_indices, buf.position_ids, start,
+                                lse=trace)
     hidden = model(drafted.tokens, drafted.positions, start=start, block_mask=buf.attn_mask, tree_bits=buf.mask_bits,
                    span=span or max(state.host_lengths) + t)  # [B, T, d]
     logits = model.logits(hidden)  # [B, T, V] in the model's dtype: the kernels read it as it is
     width = trace_width(t, k, buf.topk) if trace else 0
     # in place: state.lengths (so `start` too) and state.root hold the next step's from here
-    acc = greedy_step.greedy_accept(buf.retrieve_indices, drafted.tokens, logits, hidden, start, state.root, width)
+    acc = greedy_step.greedy_accept(buf.retrieve_indices, drafted.tokens, logits, hidden, start, state.root, width,
+                                    lse=trace)
     model.cache.compact(acc.src, acc.dst)
     # the next heads, in the model's dtype (the draft reads any; the values are those of _head_logits's cast):
     # into the state's own [K, B, V] buffer where it has one (StepGraphs' static state), which saves a graph

@@ -103,6 +103,11 @@ def test_draft_matches_reference(n):
     want = gs.row_topk_reference(head_logits, buf.topk)
     assert torch.equal(got.top.values, want.values) and torch.equal(got.top.ids, want.ids)
     torch.testing.assert_close(got.top.lse, want.lse, rtol=1e-5, atol=1e-5)
+    # an untraced step's draft skips the log-sum-exp and changes nothing else
+    bare = gs.draft(head_logits, buf.topk, root, buf.tree_indices, buf.position_ids, start, lse=False)
+    assert bare.top.lse is None
+    assert all(torch.equal(a, b) for a, b in ((bare.tokens, got.tokens), (bare.positions, got.positions),
+                                              (bare.top.values, got.top.values), (bare.top.ids, got.top.ids)))
 
 
 def _targets_along_paths(buf, tokens, g, plan):
@@ -154,13 +159,23 @@ def test_greedy_accept_matches_reference(n):
     else:
         ranks = (buf.tree_indices - 1) % buf.topk
         assert (ranks[nodes[0, 1: int(kept[0])]] > 0).any()
+    # an untraced step skips the log-sum-exp and changes nothing else
+    bare_lengths, bare_root = start.clone(), root.clone()
+    bare = gs.greedy_accept(buf.retrieve_indices, tokens, logits, hidden, bare_lengths, bare_root, lse=False)
+    assert bare.target.lse is None
+    assert all(torch.equal(a, b) for a, b in (
+        (bare.packed, acc.packed), (bare.src, acc.src), (bare.dst, acc.dst), (bare.last_hidden, acc.last_hidden),
+        (bare.target.ids, acc.target.ids), (bare.target.values, acc.target.values), (bare_lengths, lengths),
+        (bare_root, next_root_in_place)))
 
 
 @QUICK
-def test_an_ar_step_is_greedy_accept_on_a_one_node_tree():
+@pytest.mark.parametrize("lse", [True, False], ids=["traced", "untraced"])
+def test_an_ar_step_is_greedy_accept_on_a_one_node_tree(lse):
     """decode._ar_forward_fused: the node tokens are a view of the roots the merge overwrites; it must read them
     first. Packed [1, 0, old root], next root the argmax of the logits in their own dtype (ties to the first, as
-    torch.argmax on their float32 cast), lengths + 1, the hidden state and a compaction that moves nothing."""
+    torch.argmax on their float32 cast), lengths + 1, the hidden state and a compaction that moves nothing; with
+    the log-sum-exp (a traced step) and without (an untraced one)."""
     g = gen_of("ar step")
     logits = (torch.randn(5, 1, 32000, generator=g) * 3).to(BF16)
     logits[1, 0, [7, 31000]] = 40.0  # a tie across chunks: the first wins
@@ -169,7 +184,9 @@ def test_an_ar_step_is_greedy_accept_on_a_one_node_tree():
     old_root, start = root.clone(), torch.randint(3, 900, (5,), generator=g).to(DEV)
     lengths = start.clone()
     hidden = torch.randn(5, 1, 64, generator=g).to(BF16).to(DEV)
-    acc = gs.greedy_accept(torch.zeros(1, 1, dtype=torch.long, device=DEV), root[:, None], logits, hidden, lengths, root)
+    acc = gs.greedy_accept(torch.zeros(1, 1, dtype=torch.long, device=DEV), root[:, None], logits, hidden, lengths, root,
+                           lse=lse)
+    assert (acc.target.lse is not None) == lse
     ones, zeros = torch.ones_like(start), torch.zeros_like(start)
     assert torch.equal(acc.packed, torch.stack((ones, zeros, old_root), 1))
     assert torch.equal(root, logits[:, 0].float().argmax(-1)) and int(root[1]) == 7

@@ -106,8 +106,13 @@ COMPILED = {
          **dict.fromkeys(("so_b", "so_h", "so_t", "n_kv_heads", "T", "G", "n_splits"), "i32")},
         [dict(BLOCK_R=16, D=128, MIN_SPLIT=256, BLOCK_N=64), dict(BLOCK_R=16, D=64, MIN_SPLIT=256, BLOCK_N=64)]),
     "pointwise._residual_silu": (
-        {"R": "*bf16", "Y": "*bf16", "Out": "*bf16", **dict.fromkeys(("n", "rows_per_head", "s_rk", "s_rn"), "i32")},
+        {"R": "*bf16", "Y": "*bf16", "B": "*bf16", "Out": "*bf16",
+         **dict.fromkeys(("n", "rows_per_head", "s_rk", "s_rn", "s_bk"), "i32")},
         [dict(BLOCK=512)]),
+    "greedy_step._chunk_topk": (
+        {"X": "*bf16", "Vals": "*fp32", "Ids": "*i64", "Max": "*fp32", "SumExp": "*fp32",
+         **dict.fromkeys(("V", "n_chunks", "inner", "stride_outer", "stride_inner"), "i32")},
+        [dict(K=1, BLOCK=2048, LSE=False), dict(K=10, BLOCK=2048, LSE=True)]),
 }
 
 
@@ -120,10 +125,10 @@ def test_kernels_compile_for_hopper_waiting_before_any_memory_access(name):
         pytest.skip("this Triton has no grid dependency control")
     from triton.backends.compiler import GPUTarget
 
-    from engine.kernels import pointwise, tree_attention
+    from engine.kernels import greedy_step, pointwise, tree_attention
 
     module, kernel = name.split(".")
-    fn = getattr({"tree_attention": tree_attention, "pointwise": pointwise}[module], kernel)
+    fn = getattr({"tree_attention": tree_attention, "pointwise": pointwise, "greedy_step": greedy_step}[module], kernel)
     args, variants = COMPILED[name]
     for constexprs in variants:
         for on in (True, False):

@@ -11,6 +11,8 @@ whatever its size (benchmarks/README.md, "SmolLM2-shape step"). Here it is:
                               next root and lengths (in place), the compaction's slots and the last
                               kept node's hidden state (what the next heads read)
   `trace_fields`  1 launch    the step trace (traced steps only: the untraced step runs no extra kernel)
+The log-sum-exps (of the heads' rows and of the target's at every node) are read only by the trace, so
+an untraced step skips them (`lse=False`): an exp and two reductions over every vocabulary chunk less.
 `row_topk` is the two passes alone (a sampled AR step's trace, a heads pass). A greedy AR step is
 `greedy_accept` on a one-node tree (decode._ar_forward_fused). A merge and the work after it share a
 program, one per request, so the step needs no launch to wait for the merge to finish.
@@ -49,7 +51,7 @@ MERGE_ROWS = 4  # rows per program in row_topk's merge
 class TopK:
     values: torch.Tensor  # [R, k] float32, largest first
     ids: torch.Tensor  # [R, k] int64
-    lse: torch.Tensor  # [R] float32: log-sum-exp of the whole row
+    lse: torch.Tensor | None  # [R] float32: log-sum-exp of the whole row (None: not asked for)
 
 
 @dataclass
@@ -80,31 +82,35 @@ if triton is not None:
 
     @triton.jit
     def _chunk_topk(X, Vals, Ids, Max, SumExp, V, n_chunks, inner, stride_outer, stride_inner,
-                    K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+                    K: tl.constexpr, BLOCK: tl.constexpr, LSE: tl.constexpr, PDL: tl.constexpr):
         """Program (row, chunk): the chunk's top-K (by repeated argmax, ties to the smaller index)
-        and its max and sum of exp(x - max) for the row's log-sum-exp. Row r is X[r // inner, r % inner]."""
+        and, with LSE, its max and sum of exp(x - max) for the row's log-sum-exp. Row r is
+        X[r // inner, r % inner]. The first argmax is the chunk's max, so the loop does K reductions."""
         wait_then_release(PDL)
         row, c = tl.program_id(0), tl.program_id(1)
         offs = c * BLOCK + tl.arange(0, BLOCK)
         base = X + (row // inner).to(tl.int64) * stride_outer + (row % inner).to(tl.int64) * stride_inner
         x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-        top = tl.max(x, axis=0)
         out = (row * n_chunks + c)
-        tl.store(Max + out, top)
-        # a chunk of only -inf (masked vocabulary) adds nothing (exp(x - top) would be exp(NaN) there)
-        tl.store(SumExp + out, tl.sum(tl.exp(x - tl.where(top == float("-inf"), 0.0, top)), axis=0))
+        top_i, j = tl.max(x, axis=0, return_indices=True)  # one reduction for the value and its index
+        if LSE:
+            tl.store(Max + out, top_i)
+            # a chunk of only -inf (masked vocabulary) adds nothing (exp(x - top) would be exp(NaN) there)
+            tl.store(SumExp + out, tl.sum(tl.exp(x - tl.where(top_i == float("-inf"), 0.0, top_i)), axis=0))
         for i in range(K):
-            top_i, j = tl.max(x, axis=0, return_indices=True)  # one reduction for the value and its index
             tl.store(Vals + out * K + i, top_i)
             tl.store(Ids + out * K + i, (c * BLOCK + j).to(tl.int64))
-            x = tl.where(tl.arange(0, BLOCK) == j, float("-inf"), x)
+            if i + 1 < K:
+                x = tl.where(tl.arange(0, BLOCK) == j, float("-inf"), x)
+                top_i, j = tl.max(x, axis=0, return_indices=True)
 
     @triton.jit
     def _merge_rows(first, limit, Vals, Ids, Max, SumExp, OutVals, OutIds, Lse, n_chunks, K: tl.constexpr,
-                    N_ROWS: tl.constexpr, ROWS: tl.constexpr, CAND: tl.constexpr, CHUNKS: tl.constexpr):
+                    N_ROWS: tl.constexpr, ROWS: tl.constexpr, CAND: tl.constexpr, CHUNKS: tl.constexpr,
+                    LSE: tl.constexpr):
         """Rows first .. first + N_ROWS - 1 that are below `limit`, ROWS at a time: each row's top-K
         among its chunks' candidates (chunks in index order, so the first of equal candidates has
-        the smaller index) and its log-sum-exp over the chunks."""
+        the smaller index) and, with LSE, its log-sum-exp over the chunks."""
         pos = tl.arange(0, CAND)[None, :]
         c = tl.arange(0, CHUNKS)[None, :]
         for r0 in range(0, N_ROWS, ROWS):
@@ -119,31 +125,32 @@ if triton is not None:
                 tl.store(OutVals + row * K + i, top_i, mask=row_ok)
                 tl.store(OutIds + row * K + i, tl.sum(tl.where(pos == j, ids, 0), axis=1), mask=row_ok)
                 vals = tl.where(pos == j, float("-inf"), vals)
-            live = row_ok[:, None] & (c < n_chunks)
-            m = tl.load(Max + row[:, None] * n_chunks + c, mask=live, other=float("-inf"))
-            s = tl.load(SumExp + row[:, None] * n_chunks + c, mask=live, other=0.0)
-            top = tl.where(row_ok, tl.max(m, axis=1), 0.0)  # rows past the end would make -inf - -inf
-            tl.store(Lse + row, top + tl.log(tl.sum(s * tl.exp(m - top[:, None]), axis=1)), mask=row_ok)
+            if LSE:
+                live = row_ok[:, None] & (c < n_chunks)
+                m = tl.load(Max + row[:, None] * n_chunks + c, mask=live, other=float("-inf"))
+                s = tl.load(SumExp + row[:, None] * n_chunks + c, mask=live, other=0.0)
+                top = tl.where(row_ok, tl.max(m, axis=1), 0.0)  # rows past the end would make -inf - -inf
+                tl.store(Lse + row, top + tl.log(tl.sum(s * tl.exp(m - top[:, None]), axis=1)), mask=row_ok)
 
     @triton.jit
     def _merge_topk(Vals, Ids, Max, SumExp, OutVals, OutIds, Lse, n_rows, n_chunks,
                     K: tl.constexpr, ROWS: tl.constexpr, CAND: tl.constexpr, CHUNKS: tl.constexpr, PDL: tl.constexpr):
-        """Program (block of ROWS rows): `_merge_rows`."""
+        """Program (block of ROWS rows): `_merge_rows`, log-sum-exp included."""
         wait_then_release(PDL)
         _merge_rows(tl.program_id(0) * ROWS, n_rows, Vals, Ids, Max, SumExp, OutVals, OutIds, Lse, n_chunks,
-                    K, ROWS, ROWS, CAND, CHUNKS)
+                    K, ROWS, ROWS, CAND, CHUNKS, True)
 
     @triton.jit
     def _merge_draft(Vals, Ids, Max, SumExp, OutVals, OutIds, Lse, Root, TreeIdx, PosIds, Start, Tokens, Positions,
                      n_chunks, heads, T, TOPK: tl.constexpr, ROWS: tl.constexpr, CAND: tl.constexpr,
-                     CHUNKS: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr):
+                     CHUNKS: tl.constexpr, BLOCK_T: tl.constexpr, LSE: tl.constexpr, PDL: tl.constexpr):
         """Program (request): its heads' top-k (`_merge_rows`), then the draft: node t's token is the
         root (flat index 0) or entry f - 1 of the heads' flattened top-k [K * topk]; its position is
         the request's length plus its depth."""
         wait_then_release(PDL)
         b = tl.program_id(0)
         _merge_rows(b * heads, b * heads + heads, Vals, Ids, Max, SumExp, OutVals, OutIds, Lse, n_chunks, TOPK, ROWS, ROWS,
-                    CAND, CHUNKS)
+                    CAND, CHUNKS, LSE)
         tl.debug_barrier()  # the top-k ids stored above are read back, by other threads, below
         t = tl.arange(0, BLOCK_T)
         ok = t < T
@@ -158,8 +165,8 @@ if triton is not None:
                       Hidden, LastHidden, Src, Dst, n_chunks, T, P, W, packed_stride, BLOCK_T: tl.constexpr,
                       ROWS: tl.constexpr, CAND: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_P: tl.constexpr,
                       BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr, DIM: tl.constexpr, BLOCK_HID: tl.constexpr,
-                      PDL: tl.constexpr):
-        """Program (request): the target's argmax and log-sum-exp at each of its T nodes
+                      LSE: tl.constexpr, PDL: tl.constexpr):
+        """Program (request): the target's argmax (and, with LSE, log-sum-exp) at each of its T nodes
         (`_merge_rows`), then every root-to-leaf path's accepted length (nodes whose token is the
         target's argmax at their parent, from the root down), the first longest path, and what
         the step writes from it. Lengths holds each request's start and gets its new length: the
@@ -167,7 +174,7 @@ if triton is not None:
         wait_then_release(PDL)
         b = tl.program_id(0)
         _merge_rows(b * T, b * T + T, Vals, Ids, Max, SumExp, TopVals, TopIds, Lse, n_chunks, 1, BLOCK_T, ROWS, CAND,
-                    CHUNKS)
+                    CHUNKS, LSE)
         tl.debug_barrier()  # the argmaxes stored above are read back, by other threads, below
         p = tl.arange(0, BLOCK_P)[:, None]
         j = tl.arange(0, BLOCK_D)[None, :]
@@ -263,8 +270,9 @@ class _Chunks:
         return dict(CAND=_pow2(self.n_chunks * self.k), CHUNKS=_pow2(self.n_chunks))
 
 
-def _chunk_pass(x: torch.Tensor, k: int) -> _Chunks:
-    """The first of row_topk's two launches over x [A, C, V] (V contiguous; A, C any strides)."""
+def _chunk_pass(x: torch.Tensor, k: int, lse: bool) -> _Chunks:
+    """The first of row_topk's two launches over x [A, C, V] (V contiguous; A, C any strides); without
+    `lse`, chunks.max and chunks.sum_exp are left unwritten."""
     outer, inner, vocab = x.shape
     if x.stride(2) != 1:
         raise ValueError("row_topk needs the last dim contiguous")
@@ -277,13 +285,19 @@ def _chunk_pass(x: torch.Tensor, k: int) -> _Chunks:
                      torch.empty(rows, n_chunks, device=dev, dtype=torch.float32),
                      torch.empty(rows, n_chunks, device=dev, dtype=torch.float32), k)
     _chunk_topk[(rows, n_chunks)](x, *chunks.args(), vocab, n_chunks, inner, x.stride(0), x.stride(1), K=k, BLOCK=block,
-                                     **pdl.options(x))
+                                     LSE=lse, **pdl.options(x))
     return chunks
 
 
-def _empty_topk(rows: int, k: int, device) -> TopK:
+def _empty_topk(rows: int, k: int, device, lse: bool = True) -> TopK:
     return TopK(torch.empty(rows, k, device=device, dtype=torch.float32),
-                torch.empty(rows, k, device=device, dtype=torch.int64), torch.empty(rows, device=device, dtype=torch.float32))
+                torch.empty(rows, k, device=device, dtype=torch.int64),
+                torch.empty(rows, device=device, dtype=torch.float32) if lse else None)
+
+
+def _lse_arg(top: TopK) -> torch.Tensor:
+    """The log-sum-exp's pointer for a merge kernel: a tensor it never touches when none is asked for."""
+    return top.lse if top.lse is not None else top.values
 
 
 def row_topk(x: torch.Tensor, k: int) -> TopK:
@@ -291,7 +305,7 @@ def row_topk(x: torch.Tensor, k: int) -> TopK:
     contiguous, A and C any strides: the heads' logits are [B, K, V] transposed from [K, B, V]),
     rows in order a * C + c, in two launches. Rows must hold at least k finite values (a chunk of
     only -inf adds nothing to the log-sum-exp)."""
-    chunks = _chunk_pass(x, k)
+    chunks = _chunk_pass(x, k, lse=True)
     rows = chunks.max.shape[0]
     out = _empty_topk(rows, k, x.device)
     _merge_topk[(triton.cdiv(rows, MERGE_ROWS),)](*chunks.args(), out.values, out.ids, out.lse, rows, chunks.n_chunks,
@@ -300,24 +314,25 @@ def row_topk(x: torch.Tensor, k: int) -> TopK:
 
 
 def draft(head_logits: torch.Tensor, topk: int, root: torch.Tensor, tree_indices: torch.Tensor,
-          position_ids: torch.Tensor, start: torch.Tensor) -> Drafted:
+          position_ids: torch.Tensor, start: torch.Tensor, lse: bool = True) -> Drafted:
     """head_logits [B, K, V] (`row_topk`'s layouts), root [B], start [B] -> the heads' top-k (rows
     b * K + h) and the node tokens and positions [B, T] (decode.draft, and start + depth), in two
-    launches: the top-k's first pass, then its merge and the draft in one program per request."""
+    launches: the top-k's first pass, then its merge and the draft in one program per request. The
+    top-k's log-sum-exp only a trace reads: `lse=False` skips it (top.lse is then None)."""
     b, k, _ = head_logits.shape
     t = tree_indices.numel()
-    chunks = _chunk_pass(head_logits, topk)
+    chunks = _chunk_pass(head_logits, topk, lse)
     dev = root.device
-    out = Drafted(_empty_topk(b * k, topk, dev), torch.empty(b, t, device=dev, dtype=torch.int64),
+    out = Drafted(_empty_topk(b * k, topk, dev, lse), torch.empty(b, t, device=dev, dtype=torch.int64),
                   torch.empty(b, t, device=dev, dtype=torch.int64))
-    _merge_draft[(b,)](*chunks.args(), out.top.values, out.top.ids, out.top.lse, root, tree_indices, position_ids, start,
-                       out.tokens, out.positions, chunks.n_chunks, k, t, TOPK=topk, ROWS=_pow2(k, 1),
-                       BLOCK_T=_pow2(t), **chunks.merge_sizes(), **pdl.options(root))
+    _merge_draft[(b,)](*chunks.args(), out.top.values, out.top.ids, _lse_arg(out.top), root, tree_indices, position_ids,
+                       start, out.tokens, out.positions, chunks.n_chunks, k, t, TOPK=topk, ROWS=_pow2(k, 1),
+                       BLOCK_T=_pow2(t), LSE=lse, **chunks.merge_sizes(), **pdl.options(root))
     return out
 
 
 def greedy_accept(retrieve: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor,
-                  lengths: torch.Tensor, root: torch.Tensor, trace_width: int = 0) -> Accepted:
+                  lengths: torch.Tensor, root: torch.Tensor, trace_width: int = 0, lse: bool = True) -> Accepted:
     """retrieve [P, W] (root-to-leaf paths, -1 padded), node tokens [B, T], the target's logits and
     hidden states at every node [B, T, V] (`row_topk`'s layouts) and [B, T, d] (contiguous), each
     request's length before the step [B] -> the target's argmax and log-sum-exp per node, and what
@@ -326,26 +341,26 @@ def greedy_accept(retrieve: torch.Tensor, tokens: torch.Tensor, logits: torch.Te
     `lengths` and `root` [B] get the new lengths and next roots in place: a graph's static state then
     needs no copy of them (a launch each). `tokens` may be a view of `root` (an AR step's one node is its
     root): the merge reads them before it writes the next roots. `packed` gets trace_width more columns,
-    left for `trace_fields` to fill."""
+    left for `trace_fields` to fill. The log-sum-exp only a trace reads: `lse=False` skips it."""
     b, t = tokens.shape
     paths, w = retrieve.shape
     dim = hidden.shape[-1]
     if not all(x.is_contiguous() for x in (hidden, tokens, lengths, root)):
         raise ValueError("greedy_accept needs hidden, tokens, lengths and root contiguous (the kernel indexes them flat)")
     dev = tokens.device
-    chunks = _chunk_pass(logits, 1)
+    chunks = _chunk_pass(logits, 1, lse)
 
     def new(*shape):
         return torch.empty(*shape, device=dev, dtype=torch.int64)
 
     packed = new(b, 1 + 2 * w + trace_width)
     acc = Accepted(packed, packed[:, 1: 1 + w], packed[:, 0], torch.empty(b, dim, device=dev, dtype=hidden.dtype),
-                   new(b, w), new(b, w), _empty_topk(b * t, 1, dev))
-    _merge_accept[(b,)](*chunks.args(), acc.target.values, acc.target.ids, acc.target.lse, retrieve, tokens, lengths,
+                   new(b, w), new(b, w), _empty_topk(b * t, 1, dev, lse))
+    _merge_accept[(b,)](*chunks.args(), acc.target.values, acc.target.ids, _lse_arg(acc.target), retrieve, tokens, lengths,
                         acc.packed, root, hidden, acc.last_hidden, acc.src, acc.dst, chunks.n_chunks, t, paths, w,
                         acc.packed.stride(0), BLOCK_T=_pow2(t, 1), ROWS=min(64, _pow2(t, 1)),
                         BLOCK_P=_pow2(paths, 1), BLOCK_D=_pow2(w - 1, 1), BLOCK_W=_pow2(w, 1), DIM=dim,
-                        BLOCK_HID=min(1024, _pow2(dim)), **chunks.merge_sizes(), **pdl.options(hidden))
+                        BLOCK_HID=min(1024, _pow2(dim)), LSE=lse, **chunks.merge_sizes(), **pdl.options(hidden))
     return acc
 
 

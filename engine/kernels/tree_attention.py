@@ -42,6 +42,14 @@ ROW_CAP = 64  # most packed query rows in a bf16/fp16 tile (block_rows)
 # (geometric mean over T 1-64, L 1k-32k, MHA and GQA) than 4 or 8, whose extra splits cost more in
 # partial outputs written and merged than they gain in parallelism (benchmarks/attn_split_sweep.py)
 SPLIT_FILL = 2
+# One query token per request (an AR step) in bf16/fp16, head size up to 128, takes this configuration rather
+# than the autotuner's.
+# The autotuner times its candidates alone with K/V hot in L2, and at T = 1 it chose 128 keys / 8 warps in
+# some processes and 64 keys / 4 warps / 3 stages in others; inside graphed AR steps the latter was faster
+# every time it was measured (one H100: the demo's split kernel 23.7 against 28.1 µs a step and SmolLM2's
+# 148 against 173 µs, 2026-12-07; forced alone, the demo's AR step 0.159 against 0.165 and 0.169 ms and
+# SmolLM2's 1.027 against 1.047 and 1.107 ms, 2026-12-06; at the 7B shape the autotuner chose it itself).
+DECODE_CONFIG = dict(BLOCK_N=64, num_warps=4, num_stages=3)
 
 
 # -- reference ------------------------------------------------------------------------------------
@@ -262,11 +270,14 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int
     n_splits = split_count(b, hkv, m_blocks, capacity, q.device)
     po = torch.empty(b * hkv, n_splits + 1, rows, d, device=q.device, dtype=torch.float32)
     pl = torch.empty(b * hkv, n_splits + 1, rows, device=q.device, dtype=torch.float32)
-    _tree_attn_split[(b * hkv, m_blocks, n_splits + 1)](
+    # the fixed configuration's three stages of 64 keys fit any GPU's shared memory up to D 128 (98 KB there)
+    decode = t == 1 and not ieee and d <= 128
+    kernel, config = (_tree_attn_split.fn, DECODE_CONFIG) if decode else (_tree_attn_split, {})
+    kernel[(b * hkv, m_blocks, n_splits + 1)](
         q, k, v, tree_bits, po, pl, starts,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         hkv, t, g, tree_bits.shape[1], n_splits, 1.0 / math.sqrt(d),
-        BLOCK_M=block_m, D=d, IEEE=ieee, MIN_SPLIT=MIN_SPLIT, **pdl.options(q),
+        BLOCK_M=block_m, D=d, IEEE=ieee, MIN_SPLIT=MIN_SPLIT, **pdl.options(q), **config,
     )
     # [B, T, Hq, D] in memory, seen as [B, Hq, T, D]: the caller's transpose + reshape to [B, T, Hq*D] is free
     out = torch.empty(b, t, hq, d, device=q.device, dtype=q.dtype).transpose(1, 2)
