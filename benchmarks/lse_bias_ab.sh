@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The device call of 2026-12-07, twentieth session (benchmarks/README.md, "Untraced steps skip the log-sum-exps"), as it
 # ran but for two last runs (below): the quick GPU tests of the greedy step, kernels and graphs (160 s allowed), then
-# graphed step times before (a copy of the engine of c49b2c8 in _before/, made beside the repo first:
+# graphed step times before (a copy of the engine of c49b2c8 in _before/, made in the repo root first:
 # `mkdir _before && git archive c49b2c8 engine trees | tar -x -C _before`) and after, PDL off, cuBLAS.
 # The call then ran the 7B shape twice from an uncommitted copy of the engine with a weight prefetch in our GEMM;
-# both failed at their first launch (a launch-argument bug in that copy), so nothing of them is recorded.
+# both failed at their first launch (a launch-argument bug in that copy): ab.jsonl holds only their header lines.
 #   LIMIT=330 bash benchmarks/lse_bias_ab.sh   (output in $OUT: tests.log, ab.jsonl)
 set -u
 export PYTHONUNBUFFERED=1

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The device call of 2026-12-07 (benchmarks/README.md, "Programmatic dependent launch"), as it ran: the GPU tests of
 # PDL, the ResBlock tail and the top-k; then graphed step times, before (a copy of the engine of 50a95aa in _before/,
-# made beside the repo first: `mkdir _before && git archive 50a95aa engine trees | tar -x -C _before`) against after
+# made in the repo root first: `mkdir _before && git archive 50a95aa engine trees | tar -x -C _before`) against after
 # with PDL on (MEDUSA_WORKBENCH_PDL=1: then the default, so set here for the tests too); then PDL broken on purpose
 # (no wait) to show the tests fail; then the 7B step with 128-key splits (8 live at its 1,024-key prefix instead of
 # 4); then the small shapes with PDL off.

@@ -56,6 +56,7 @@ def step_times(shape: str, label: str, sizes: list[int], gemm: str) -> dict:
     if model.gemm_choice is not None:
         rec["gemm_choice"] = model.gemm_choice.chosen()
     rec["attention_configs"] = {str(key): str(cfg) for key, cfg in ta._tree_attn_split.cache.items()}  # autotuned per process
+    rec["decode_attention_config"] = ta.DECODE_CONFIG  # T = 1 (bf16/fp16, D <= 128): fixed, not autotuned
     return rec
 
 

@@ -2,9 +2,8 @@
 
 A head is `num_layers` ResBlocks `x = x + SiLU(W x + b)` then a d -> V projection, either its own
 (FasterDecoding Medusa-1) or the base model's lm_head (shared). All heads run as one batched GEMM
-per layer, its bias added with the SiLU and the residual (`pointwise.residual_silu`). Head and layer
-counts always come from the weight keys: public `config.json` files state them wrongly, and nothing
-here loads with strict=False.
+per layer. Head and layer counts always come from the weight keys: public `config.json` files state
+them wrongly, and nothing here loads with strict=False.
 
 Formats (detected from the keys):
   faster-decoding  `{h}.{l}.linear.weight`, `{h}.{l}.linear.bias` (l < L), `{h}.{L}.weight`
@@ -68,7 +67,7 @@ class MedusaHeads(nn.Module):
         tail = pointwise.residual_silu if self._fused_tail(h) else pointwise.residual_silu_reference
         for layer in range(self.num_layers):
             w, b = self.weight[:, layer], self.bias[:, layer]
-            y = tail(x[..., cols], torch.bmm(x, w.transpose(1, 2)), b)
+            y = tail(x[..., cols], torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2)))
             x = self.tp.all_gather(y) if layer + 1 < self.num_layers else y
         return x[..., cols] if self.num_layers == 0 else x
 

@@ -55,6 +55,13 @@ def test_row_topk_matches_reference(outer, inner, vocab, dtype, k):
     if k == 1:  # the target's argmax: the first maximum, as torch.argmax (greedy Medusa == AR rests on it)
         assert torch.equal(got.ids[:, 0], flat.argmax(-1))
     torch.testing.assert_close(got.lse, want.lse, rtol=1e-5, atol=1e-5)
+    assert_chunks_skip_only_the_lse(x, k)
+
+
+def assert_chunks_skip_only_the_lse(x, k):
+    """The first pass without the log-sum-exp (an untraced step's) picks every chunk's top-k as with it."""
+    on, off = gs._chunk_pass(x, k, lse=True), gs._chunk_pass(x, k, lse=False)
+    assert torch.equal(off.vals, on.vals) and torch.equal(off.ids, on.ids)
 
 
 def test_a_heads_pass_takes_the_fields_of_the_reference(monkeypatch):
@@ -170,6 +177,44 @@ def test_greedy_accept_matches_reference(n):
 
 
 @QUICK
+def test_fused_tree_steps_equal_the_torch_steps_on_the_demo():
+    """decode._tree_forward_fused, what a graphed greedy step runs, against tree_forward's torch code: four steps
+    of three requests on the demo model in float32, untraced (the log-sum-exps skipped) and traced. The packed
+    steps are equal; the trace's probabilities agree to float32 rounding (in millionths)."""
+    import engine
+
+    eng = engine.load("demo", device=DEV, dtype="float32", backend="sdpa", cuda_graphs=False)
+    model, heads = eng.model, eng.heads
+    buf = trees.buffers([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [2], [0, 2]], topk=10).to(DEV)
+    prompts = [eng.tokenizer.encode(p) for p in ("def read_config(path):", "import os", "class Stack:\n    def push")]
+
+    def run(fused: bool, trace: bool) -> list[torch.Tensor]:
+        model.setup_cache(len(prompts), 256)
+        with torch.inference_mode():
+            state = decode.prefill(model, heads, prompts, SamplingParams(), None)
+            steps = []
+            for _ in range(4):
+                if fused:
+                    st = decode._tree_forward_fused(model, heads, buf, state, None, trace)
+                else:
+                    st = decode.tree_forward(model, heads, buf, state, RULES["greedy"], SamplingParams(), None, trace=trace)
+                steps.append(st.packed.clone())
+                state.host_lengths = state.lengths.tolist()
+        return steps
+
+    core = 1 + 2 * buf.retrieve_indices.shape[1]  # kept, the accepted nodes, their tokens
+    for got, want in zip(run(True, False), run(False, False)):
+        assert got.shape[1] == core and torch.equal(got, want)
+    kept = []
+    for got, want in zip(run(True, True), run(False, True)):
+        assert torch.equal(got[:, :core], want[:, :core])
+        assert torch.equal(got[:, core: core + 2 * buf.num_nodes], want[:, core: core + 2 * buf.num_nodes])  # ids
+        assert (got[:, core:] - want[:, core:]).abs().max() <= 30  # micro_tolerance at |logit| <= 50
+        kept += got[:, 0].tolist()
+    assert max(kept) > 1  # the case happened: steps that accepted drafted nodes
+
+
+@QUICK
 @pytest.mark.parametrize("lse", [True, False], ids=["traced", "untraced"])
 def test_an_ar_step_is_greedy_accept_on_a_one_node_tree(lse):
     """decode._ar_forward_fused: the node tokens are a view of the roots the merge overwrites; it must read them
@@ -251,3 +296,4 @@ def test_row_topk_ties_and_empty_chunks():
     assert got.ids[:, 0].tolist() == flat.argmax(-1).tolist() == [0, 100, 2047, 2048]
     torch.testing.assert_close(got.lse, flat.logsumexp(-1), rtol=1e-5, atol=1e-5)
     assert gs.row_topk(x, 3).ids.tolist()[2] == [2047, 2048, 4000]
+    assert_chunks_skip_only_the_lse(x, 3)

@@ -160,16 +160,17 @@ def test_norm_swiglu_and_resblock_kernels_match_references(dtype, dim):
     torch.testing.assert_close(got, pw.rms_norm_reference(x, w, 1e-5), atol=tol * 4, rtol=tol)
     gu = torch.randn(5, 2 * dim, device="cuda", generator=gen).to(dtype)
     torch.testing.assert_close(pw.silu_mul(gu), pw.silu_mul_reference(gu), atol=tol, rtol=tol)
-    # a Medusa ResBlock's tail: the heads' shared hidden state expanded over 4 heads, then a residual of its own;
-    # the bias per head, as a ResBlock layer's slice of the heads' [K, L, d] biases
+    # a Medusa ResBlock's tail: the heads' shared hidden state expanded over 4 heads, then a residual of its own
     y = torch.randn(4, 3, dim, device="cuda", generator=gen).to(dtype)
     wide = torch.randn(4, 3, 2 * dim, device="cuda", generator=gen).to(dtype)
-    bias = torch.randn(4, 2, dim, device="cuda", generator=gen).to(dtype)[:, 1]
     # expanded; its own; a column slice (a tensor-parallel rank's: an offset, rows wider than dim); strided columns.
-    # exp's last bit may differ, so SiLU by a rounding step of the dtype, which survives the residual's cancellation
+    # exp's last bit may differ from torch's, so SiLU may round one step of the dtype apart, which survives the
+    # residual's cancellation: a small tolerance, and few elements apart at all (a rounding skipped or moved
+    # changed 27-29 % of fp16 outputs under Triton's interpreter)
     for residual in (x[0].expand(4, -1, -1), y.flip(0), wide[..., dim:], wide[..., ::2]):
-        torch.testing.assert_close(pw.residual_silu(residual, y, bias), pw.residual_silu_reference(residual, y, bias),
-                                   atol=tol * 4, rtol=tol)
+        got, want = pw.residual_silu(residual, y), pw.residual_silu_reference(residual, y)
+        torch.testing.assert_close(got, want, atol=tol * 4, rtol=tol)
+        assert (got != want).float().mean() < 0.01
 
 
 def test_engine_greedy_medusa_equals_ar_with_every_backend_in_fp32():

@@ -106,8 +106,7 @@ COMPILED = {
          **dict.fromkeys(("so_b", "so_h", "so_t", "n_kv_heads", "T", "G", "n_splits"), "i32")},
         [dict(BLOCK_R=16, D=128, MIN_SPLIT=256, BLOCK_N=64), dict(BLOCK_R=16, D=64, MIN_SPLIT=256, BLOCK_N=64)]),
     "pointwise._residual_silu": (
-        {"R": "*bf16", "Y": "*bf16", "B": "*bf16", "Out": "*bf16",
-         **dict.fromkeys(("n", "rows_per_head", "s_rk", "s_rn", "s_bk"), "i32")},
+        {"R": "*bf16", "Y": "*bf16", "Out": "*bf16", **dict.fromkeys(("n", "rows_per_head", "s_rk", "s_rn"), "i32")},
         [dict(BLOCK=512)]),
     "greedy_step._chunk_topk": (
         {"X": "*bf16", "Vals": "*fp32", "Ids": "*i64", "Max": "*fp32", "SumExp": "*fp32",

@@ -12,7 +12,7 @@ whatever its size (benchmarks/README.md, "SmolLM2-shape step"). Here it is:
                               kept node's hidden state (what the next heads read)
   `trace_fields`  1 launch    the step trace (traced steps only: the untraced step runs no extra kernel)
 The log-sum-exps (of the heads' rows and of the target's at every node) are read only by the trace, so
-an untraced step skips them (`lse=False`): an exp and two reductions over every vocabulary chunk less.
+an untraced step skips them (`lse=False`): no exp or sum over any vocabulary chunk, no merge of the chunks'.
 `row_topk` is the two passes alone (a sampled AR step's trace, a heads pass). A greedy AR step is
 `greedy_accept` on a one-node tree (decode._ar_forward_fused). A merge and the work after it share a
 program, one per request, so the step needs no launch to wait for the merge to finish.
@@ -295,9 +295,10 @@ def _empty_topk(rows: int, k: int, device, lse: bool = True) -> TopK:
                 torch.empty(rows, device=device, dtype=torch.float32) if lse else None)
 
 
-def _lse_arg(top: TopK) -> torch.Tensor:
-    """The log-sum-exp's pointer for a merge kernel: a tensor it never touches when none is asked for."""
-    return top.lse if top.lse is not None else top.values
+def _lse_arg(top: TopK, chunks: _Chunks) -> torch.Tensor:
+    """The log-sum-exp's pointer for a merge kernel. When none is asked for, the kernel never touches it: the
+    chunk pass's unwritten scratch (at least one float per row) stands in, so a stray store hits no output."""
+    return top.lse if top.lse is not None else chunks.max
 
 
 def row_topk(x: torch.Tensor, k: int) -> TopK:
@@ -325,7 +326,7 @@ def draft(head_logits: torch.Tensor, topk: int, root: torch.Tensor, tree_indices
     dev = root.device
     out = Drafted(_empty_topk(b * k, topk, dev, lse), torch.empty(b, t, device=dev, dtype=torch.int64),
                   torch.empty(b, t, device=dev, dtype=torch.int64))
-    _merge_draft[(b,)](*chunks.args(), out.top.values, out.top.ids, _lse_arg(out.top), root, tree_indices, position_ids,
+    _merge_draft[(b,)](*chunks.args(), out.top.values, out.top.ids, _lse_arg(out.top, chunks), root, tree_indices, position_ids,
                        start, out.tokens, out.positions, chunks.n_chunks, k, t, TOPK=topk, ROWS=_pow2(k, 1),
                        BLOCK_T=_pow2(t), LSE=lse, **chunks.merge_sizes(), **pdl.options(root))
     return out
@@ -356,7 +357,7 @@ def greedy_accept(retrieve: torch.Tensor, tokens: torch.Tensor, logits: torch.Te
     packed = new(b, 1 + 2 * w + trace_width)
     acc = Accepted(packed, packed[:, 1: 1 + w], packed[:, 0], torch.empty(b, dim, device=dev, dtype=hidden.dtype),
                    new(b, w), new(b, w), _empty_topk(b * t, 1, dev, lse))
-    _merge_accept[(b,)](*chunks.args(), acc.target.values, acc.target.ids, _lse_arg(acc.target), retrieve, tokens, lengths,
+    _merge_accept[(b,)](*chunks.args(), acc.target.values, acc.target.ids, _lse_arg(acc.target, chunks), retrieve, tokens, lengths,
                         acc.packed, root, hidden, acc.last_hidden, acc.src, acc.dst, chunks.n_chunks, t, paths, w,
                         acc.packed.stride(0), BLOCK_T=_pow2(t, 1), ROWS=min(64, _pow2(t, 1)),
                         BLOCK_P=_pow2(paths, 1), BLOCK_D=_pow2(w - 1, 1), BLOCK_W=_pow2(w, 1), DIM=dim,
@@ -370,6 +371,8 @@ def trace_fields(out: torch.Tensor, tokens: torch.Tensor, parent: torch.Tensor, 
     slice of the packed step: rows may be strided), from what the step already computed: the
     target's top-1 and log-sum-exp per node (`target`, rows b * T + t) and the heads' top-k that
     drafted the step (`heads`, rows b * K + h; None: no head fields). logits [B, T, V], V contiguous."""
+    if target.lse is None or (heads is not None and heads.lse is None):
+        raise ValueError("trace_fields needs the log-sum-exps: draft and greedy_accept with lse=True")
     b, t = tokens.shape
     kt = 0 if heads is None else heads.ids.numel() // b
     heads = heads or target  # never read when kt is 0

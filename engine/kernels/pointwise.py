@@ -3,8 +3,8 @@
 At batch 1 a 7B layer is a handful of weight-bound GEMVs plus pointwise work that eagerly is ~30
 tiny kernels (RMSNorm alone is seven), each a few microseconds whatever its size. Here the residual
 add and the next RMSNorm are one kernel, and SiLU(gate) * up is one kernel (or, at one row with our skinny GEMM,
-part of the down projection's: `silu_mul_tile`, engine/kernels/gemv.py). A Medusa ResBlock's bias, SiLU
-and residual add after its GEMM are one kernel too (engine/heads.py). The kernels round where
+part of the down projection's: `silu_mul_tile`, engine/kernels/gemv.py). A Medusa ResBlock's SiLU and
+residual add after its linear layer are one kernel too (engine/heads.py). The kernels round where
 the references round (transformers' order: add in the model dtype; normalise in fp32, cast back,
 then scale by the weight in the model dtype), so the fused path is tested against these references.
 """
@@ -40,10 +40,9 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torc
     return x, rms_norm_reference(x, weight, eps)
 
 
-def residual_silu_reference(residual: torch.Tensor, y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """residual + SiLU(y + bias), y [K, N, d] and bias [K, d]: a Medusa ResBlock's tail after its linear
-    layer's GEMM (engine/heads.py), the bias added in the model's dtype."""
-    return residual + F.silu(y + bias.unsqueeze(1))
+def residual_silu_reference(residual: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """residual + SiLU(y): a Medusa ResBlock's tail after its linear layer (engine/heads.py)."""
+    return residual + F.silu(y)
 
 
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
@@ -97,18 +96,15 @@ if triton is not None:
         tl.store(Y + row * f + cols, silu_mul_tile(gate, up).to(Y.dtype.element_ty), mask=ok)
 
     @triton.jit
-    def _residual_silu(R, Y, B, Out, n, rows_per_head, s_rk, s_rn, s_bk, BLOCK: tl.constexpr, PDL: tl.constexpr):
-        """One program per (head, row): Out = R + SiLU(Y + B[head]), each operation rounded to the dtype
-        (torch's order). R is read through its strides: the heads' first ResBlock adds the one hidden state
-        they share."""
+    def _residual_silu(R, Y, Out, n, rows_per_head, s_rk, s_rn, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        """One program per (head, row): Out = R + SiLU(Y), SiLU rounded to the dtype, then the add (torch's
+        order). R is read through its strides: the heads' first ResBlock adds the one hidden state they share."""
         wait_then_release(PDL)
         row = tl.program_id(0).to(tl.int64)  # heads x rows x dim passes 2^31 in a training-sized heads pass
-        head = row // rows_per_head
         cols = tl.arange(0, BLOCK)
         ok = cols < n
         y = tl.load(Y + row * n + cols, mask=ok, other=0.0)
-        y = (y.to(tl.float32) + tl.load(B + head * s_bk + cols, mask=ok, other=0.0).to(tl.float32)).to(y.dtype)
-        r = tl.load(R + head * s_rk + (row % rows_per_head) * s_rn + cols, mask=ok, other=0.0)
+        r = tl.load(R + (row // rows_per_head) * s_rk + (row % rows_per_head) * s_rn + cols, mask=ok, other=0.0)
         tl.store(Out + row * n + cols, (r.to(tl.float32) + silu_tile(y)).to(Out.dtype.element_ty), mask=ok)
 
 
@@ -135,21 +131,16 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def residual_silu(residual: torch.Tensor, y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """`residual_silu_reference` in one launch, for y [K, N, d] (contiguous), residual [K, N, d] and bias [K, d]
-    of any strides (a [N, d] state expanded over the K heads is read in place, once per head). The bias is
-    added here rather than by the GEMM: `baddbmm` first copies it into its output, one more launch."""
+def residual_silu(residual: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """`residual_silu_reference` in one launch, for y [K, N, d] (contiguous) and residual [K, N, d] of any strides
+    (a [N, d] state expanded over the K heads is read in place, once per head)."""
     k, rows, n = y.shape
-    if not y.is_contiguous() or residual.shape != y.shape or bias.shape != (k, n) or \
-            not residual.dtype == bias.dtype == y.dtype:
-        raise ValueError(f"residual_silu: y {tuple(y.shape)} {y.dtype} must be contiguous, the residual "
-                         f"{tuple(residual.shape)} {residual.dtype} of its shape and dtype, and the bias "
-                         f"{tuple(bias.shape)} {bias.dtype} [K, d] of its dtype")
+    if not y.is_contiguous() or residual.shape != y.shape or residual.dtype != y.dtype:
+        raise ValueError(f"residual_silu: y {tuple(y.shape)} {y.dtype} must be contiguous and the residual "
+                         f"{tuple(residual.shape)} {residual.dtype} of its shape and dtype")
     if residual.stride(-1) != 1:
         residual = residual.contiguous()
-    if bias.stride(-1) != 1:
-        bias = bias.contiguous()
     out = torch.empty_like(y)
-    _residual_silu[(k * rows,)](residual, y, bias, out, n, rows, residual.stride(0), residual.stride(1), bias.stride(0),
+    _residual_silu[(k * rows,)](residual, y, out, n, rows, residual.stride(0), residual.stride(1),
                                 BLOCK=triton.next_power_of_2(n), **pdl.options(y))
     return out

@@ -43,12 +43,11 @@ ROW_CAP = 64  # most packed query rows in a bf16/fp16 tile (block_rows)
 # partial outputs written and merged than they gain in parallelism (benchmarks/attn_split_sweep.py)
 SPLIT_FILL = 2
 # One query token per request (an AR step) in bf16/fp16, head size up to 128, takes this configuration rather
-# than the autotuner's.
-# The autotuner times its candidates alone with K/V hot in L2, and at T = 1 it chose 128 keys / 8 warps in
-# some processes and 64 keys / 4 warps / 3 stages in others; inside graphed AR steps the latter was faster
-# every time it was measured (one H100: the demo's split kernel 23.7 against 28.1 µs a step and SmolLM2's
-# 148 against 173 µs, 2026-12-07; forced alone, the demo's AR step 0.159 against 0.165 and 0.169 ms and
-# SmolLM2's 1.027 against 1.047 and 1.107 ms, 2026-12-06; at the 7B shape the autotuner chose it itself).
+# than the autotuner's. The autotuner times its candidates alone with K/V hot in L2, and at T = 1 it chose 128 keys
+# / 8 warps in some processes and 64 keys / 4 warps / 3 stages in others. At the small shapes every graphed AR step
+# measured was faster with the latter (one H100: the demo's split kernel 23.7 against 28.1 µs a step and SmolLM2's
+# 148 against 173 µs, 2026-12-07; forced alone, the demo's AR step 0.159 against the autotuned 0.165 ms and
+# SmolLM2's 1.027 against 1.047 ms, 2026-12-06); at the 7B shape the autotuner chose it itself.
 DECODE_CONFIG = dict(BLOCK_N=64, num_warps=4, num_stages=3)
 
 
@@ -270,7 +269,7 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int
     n_splits = split_count(b, hkv, m_blocks, capacity, q.device)
     po = torch.empty(b * hkv, n_splits + 1, rows, d, device=q.device, dtype=torch.float32)
     pl = torch.empty(b * hkv, n_splits + 1, rows, device=q.device, dtype=torch.float32)
-    # the fixed configuration's three stages of 64 keys fit any GPU's shared memory up to D 128 (98 KB there)
+    # the fixed configuration needs 22 KB of shared memory at D 128 compiled for sm_90 (40 KB for sm_80): any GPU
     decode = t == 1 and not ieee and d <= 128
     kernel, config = (_tree_attn_split.fn, DECODE_CONFIG) if decode else (_tree_attn_split, {})
     kernel[(b * hkv, m_blocks, n_splits + 1)](
