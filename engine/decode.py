@@ -311,7 +311,8 @@ def finish_step(state: DecodeState, st: StepTensors, rows: list[list[int]] | Non
             ev.target_argmax_prob = [p / MICRO for p in f[2 * t : 3 * t]]
             ev.target_prob = [None if p < 0 else p / MICRO for p in f[3 * t : 4 * t]]
             ev.accept_prob = [None if p < 0 else p / MICRO for p in f[4 * t : 5 * t]]
-            ev.head_topk = [[(ids[h * topk + i], probs[h * topk + i] / MICRO) for i in range(topk)] for h in range(k)]
+            ev.head_topk = [[(tok, p / MICRO) for tok, p in zip(ids[a: a + topk], probs[a: a + topk])]
+                            for a in range(0, k * topk, topk)]
         out.append(ev)
     return out
 

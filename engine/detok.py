@@ -19,13 +19,31 @@ whole or per token, is the tokens' own text (`decode`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 REPLACEMENT = "\ufffd"
 
 
+@functools.cache
+def _decodes_with_backend(cls: type) -> bool:
+    """Whether a tokenizer class decodes as its Rust backend does: its `_decode` is the one of the
+    class that holds `backend_tokenizer` (transformers' fast tokenizer), and no subclass below that
+    one overrides `decode`. Then, without the clean-up of spaces, transformers' decode is the
+    backend's decode after some 7 µs of Python (argument conversion, dispatch), which a streamed run
+    pays twice a step (`IncrementalDetokenizer.push`): on a small model that is host time the GPU
+    waits for."""
+    def owner(name: str) -> type | None:
+        return next((c for c in cls.__mro__ if name in vars(c)), None)
+
+    fast = owner("_decode")
+    return fast is not None and "backend_tokenizer" in vars(fast) and owner("decode") in fast.__mro__
+
+
 def decode(tokenizer, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
     """The tokens' own text, without transformers' clean-up of spaces (see the module docstring)."""
+    if _decodes_with_backend(type(tokenizer)):
+        return tokenizer.backend_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
     return tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
 
 
@@ -64,3 +82,18 @@ class IncrementalDetokenizer:
         window = self._decode(self.ids[self.context :])
         self.context, self.emitted = self.emitted, len(self.ids)
         return window[len(before) :]
+
+
+class TokenTexts(dict):
+    """Each token's own text (special tokens named), decoded at first use and kept: `texts[token]`.
+    A traced step names some 45 tokens in its trace line (`StepEvent.to_json`); a hit here is one
+    dict lookup with no Python call."""
+
+    def __init__(self, tokenizer):
+        super().__init__()
+        self.tokenizer = tokenizer
+
+    def __missing__(self, token: int) -> str:
+        text = decode(self.tokenizer, [token], skip_special_tokens=False) if self.tokenizer is not None else f"<{token}>"
+        self[token] = text
+        return text

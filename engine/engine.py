@@ -15,7 +15,7 @@ import trees
 
 from .config import ModelLoadError
 from .decode import prefill
-from .detok import decode
+from .detok import TokenTexts, decode
 from .generation import GenerationConfig, GenerationError
 from .graphs import StepGraphs
 from .head_trace import HEAD_TRACE_STEPS, HeadTrace, PassGraphs
@@ -139,7 +139,7 @@ class Engine:
             eos.add(tokenizer.eos_token_id)
         self.eos_ids = eos
         self.default_tree = default_tree if default_tree is not None else self._fallback_tree()
-        self._token_text: dict[int, str] = {}
+        self._token_text = TokenTexts(tokenizer)
         self._turn = threading.Lock()  # held by the run in progress (see the class docstring)
         self._holder: int | None = None  # the thread that took it
 
@@ -205,11 +205,7 @@ class Engine:
 
     def token_text(self, token: int) -> str:
         """One token's text (cached: traces name hundreds of tokens per step)."""
-        text = self._token_text.get(token)
-        if text is None:
-            text = decode(self.tokenizer, [token], skip_special_tokens=False) if self.tokenizer is not None else f"<{token}>"
-            self._token_text[token] = text
-        return text
+        return self._token_text[token]
 
     def text_of(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:
@@ -346,7 +342,7 @@ class Engine:
                     extra["trace_heads"] = cfg.trace_heads
                 writer.write(header(self.name, self.heads_source, choices, cfg.mode, cfg.accept, extra))
             parent = buf.parent.tolist() if buf is not None else [-1]
-            trace = TraceContext(choices or [], parent, self.token_text, batched=len(batch) > 1)
+            trace = TraceContext(choices or [], parent, self._token_text.__getitem__, batched=len(batch) > 1)
         requests = [Request(i, ids, self.tokenizer, cfg.max_new_tokens, self.eos_ids, cfg.stop_on_eos, cfg.text)
                     for i, ids in enumerate(batch)]
         return Session(self.model, heads, requests, cfg, buf, choices, runner, trace, writer, gen, head_trace)

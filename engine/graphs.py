@@ -50,6 +50,9 @@ class _Captured:
     # fused tree step, a view of a [K, B, V] buffer in the model's dtype, which the step writes in place)
     out: StepTensors  # static outputs of the last replay
     host: tuple[torch.Tensor, torch.Tensor]  # two pinned copies of out.packed, used in turn
+    # the events that mark each copy's end, used in the same turn: a new event per step would cost the host an
+    # event's creation and destruction each step, where a demo-sized step waits for its host
+    done: tuple[torch.cuda.Event, torch.cuda.Event]
     turn: int = 0
 
 
@@ -130,9 +133,8 @@ class StepGraphs:
             s.copy_(state)
         g.graph.replay()
         g.turn ^= 1
-        host = g.host[g.turn]
+        host, done = g.host[g.turn], g.done[g.turn]
         host.copy_(g.out.packed, non_blocking=True)
-        done = torch.cuda.Event()
         done.record()
         state.lengths, state.root, state.head_logits = s.lengths, s.root, s.head_logits
         return Pending(g.out, host, done)
@@ -182,4 +184,4 @@ class StepGraphs:
         graph, out = capture(body, WARMUP_STEPS, self.pool, undo)
         self.captures += 1
         host = tuple(torch.empty(out.packed.shape, dtype=out.packed.dtype, pin_memory=True) for _ in range(2))
-        return _Captured(graph, static, out, host)
+        return _Captured(graph, static, out, host, (torch.cuda.Event(), torch.cuda.Event()))

@@ -256,11 +256,10 @@ class HeadTrace:
         self.flight = None
         values = p.fields.tolist()
         n, topk = self.heads.num_heads * self.topk, self.topk
-        spans = [(a, a + topk) for a in range(0, n, topk)]
         rows = iter(p.rows)
         for events in p.steps:
             for ev in events:
                 f = values[next(rows)]
-                ids, probs = f[:n], [v / MICRO for v in f[n:]]
-                ev.head_topk = [list(zip(ids[a:b], probs[a:b])) for a, b in spans]
+                ev.head_topk = [[(tok, p / MICRO) for tok, p in zip(f[a: a + topk], f[n + a: n + a + topk])]
+                                for a in range(0, n, topk)]
         return p.steps

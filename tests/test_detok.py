@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from engine.detok import IncrementalDetokenizer
+from engine.detok import IncrementalDetokenizer, TokenTexts, _decodes_with_backend, decode
 
 TEXT = ("déjà vu: naïve café — 🙂👍🏽 ünïcödé, 中文字符, русский текст, ελληνικά; emoji 🎉🚀 and "
         "plain ASCII code: def f(x):\n    return x ** 2  # ∑ ∫ ≤ ≥\n") * 3
@@ -56,6 +56,35 @@ def test_pieces_join_to_the_whole_decode(which, request):
     for trial in range(40):  # arbitrary id sequences: broken byte runs, special tokens, anything a model writes
         seq = [rng.randrange(vocab) for _ in range(rng.randint(1, 60))]
         assert "".join(_pieces(tok, seq, rng)) == tok.decode(seq, skip_special_tokens=True), (which, trial, seq)
+
+
+@pytest.mark.parametrize("which", ["byte_level", "sentencepiece_style"])
+def test_decode_takes_the_backend_and_equals_transformers(which, request):
+    """`decode` skips transformers' Python wrapper for a stock fast tokenizer: the same text, special
+    tokens kept or skipped, on any ids; a subclass that overrides `_decode` is obeyed."""
+    tok = request.getfixturevalue(which)
+    assert _decodes_with_backend(type(tok))  # the fast path is the one under test
+    rng = random.Random(2)
+    specials = tok.all_special_ids
+    assert specials
+    for _ in range(200):
+        seq = [rng.choice(specials) if rng.random() < 0.1 else rng.randrange(len(tok)) for _ in range(rng.randint(0, 12))]
+        for skip in (True, False):
+            want = tok.decode(seq, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
+            assert decode(tok, seq, skip) == want, (which, seq, skip)
+
+    class Shouting(type(tok)):
+        def _decode(self, token_ids, **kwargs):
+            return super()._decode(token_ids, **kwargs).upper()
+
+    assert not _decodes_with_backend(Shouting)
+    ids = tok.encode("déjà vu, naïve", add_special_tokens=False)
+    plain = decode(tok, ids)
+    tok.__class__ = Shouting  # the fixture is module-scoped: put the class back
+    try:
+        assert decode(tok, ids) == plain.upper() != plain
+    finally:
+        tok.__class__ = Shouting.__mro__[1]
 
 
 def test_a_character_split_across_tokens_is_held_back_then_emitted_once(byte_level):
@@ -131,7 +160,7 @@ def test_streaming_under_clean_up_tokenization_spaces_is_the_tokens_own_text(byt
 
 def test_engine_text_is_the_tokens_own_text_under_clean_up(demo_engine, monkeypatch):
     monkeypatch.setattr(demo_engine, "tokenizer", CleaningTokenizer(demo_engine.tokenizer))
-    monkeypatch.setattr(demo_engine, "_token_text", {})
+    monkeypatch.setattr(demo_engine, "_token_text", TokenTexts(demo_engine.tokenizer))
     prompt = "names = ['a' , 'b' , 'c' , "
     events = list(demo_engine.stream(prompt, 40, trace=True))
     ids = [t for e in events for t in e.tokens]
