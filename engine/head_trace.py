@@ -14,14 +14,16 @@ state's copy into the ring. On CUDA graphs (`PassGraphs`) that copy is part of t
 step waits for its host, where every launch counts.
 
 Nothing here waits for the GPU while steps are queued: a pass is queued behind the step in flight,
-its top-k travels to pinned host memory, and its steps are handed back once its event has passed
-(`hold` looks without waiting). The session hands those steps out one per step it reads, so the
-host's work per step (the trace line, the consumer's) still overlaps a queued step, as in an
-untraced run. With `every` > 1 a step therefore reaches the stream `every` to 2 x `every` steps after it
-ran: the engine uses 16 on CUDA graphs (5-10 ms at the demo's size, 0.1-0.2 s at the 7B shape) and 1
-for the eager runner (on the CPU the pass runs at once; on CUDA, with tensor parallelism or a
-sampled AR run, a step is handed out a step late). A stream closed early hands out (and writes) only
-the steps handed out by then: a workbench job cut at its deadline drops those still waiting, though
+its top-k travels to pinned host memory, and once its event has passed (`hold` looks without
+waiting) its fields are read to the host in one copy. `hold` then fills and hands back one step a
+call, one per step the session reads, so the host's work per step (the fill, the trace line, the
+consumer's) still overlaps a queued step, as in an untraced run. Filled all at once, a pass's
+steps were one lump of host work at one step, where the GPU, queued one step ahead, could run dry.
+With `every` > 1 a step therefore reaches the stream `every` to 2 x `every` steps after it ran: the
+engine uses 16 on CUDA graphs (5-10 ms at the demo's size, 0.1-0.2 s at the 7B shape) and 1 for
+the eager runner (on the CPU the pass runs at once; on CUDA, with tensor parallelism or a sampled
+AR run, a step is handed out a step late). A stream closed early hands out (and writes) only the
+steps handed out by then: a workbench job cut at its deadline drops those still waiting, though
 they ran (up to 32 steps).
 
 Step s's head fields come from the hidden state before it (the prompt's last token for step 0), as
@@ -31,6 +33,7 @@ it (session.StepClock.extend).
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 
 import torch
@@ -177,6 +180,8 @@ class HeadTrace:
         self.rows: list[list[int]] = []  # per slot: the request of each of its rows
         self.waiting: list[tuple[int, list[StepEvent]]] = []  # (step, its events) not yet in a pass
         self.flight: _Pass | None = None
+        # steps whose fields are on the host, not yet in their events: (events, each event's row of fields)
+        self.arrived: collections.deque[tuple[list[StepEvent], list[list[int]]]] = collections.deque()
 
     def save(self, step: int, hidden: torch.Tensor, requests: list[int]) -> None:
         """Keep step `step`'s hidden states [B, d] (one row per request in `requests`, kept as it is:
@@ -196,22 +201,26 @@ class HeadTrace:
         self.rows.append(requests)
 
     def hold(self, step: int, events: list[StepEvent]) -> list[list[StepEvent]]:
-        """Take step `step`'s events; -> the steps whose fields are filled by now, in order, without
-        waiting for the GPU (unless a full batch of steps finds the previous pass still in flight)."""
+        """Take step `step`'s events; -> the oldest step whose fields have arrived, filled (none if
+        none has), without waiting for the GPU (unless a full batch of steps finds the previous pass
+        still in flight). One step a call, as steps come in: filling a whole pass at once (40 tuples
+        an event at the demo's 4 heads x 10) took the host long enough, at one step, that the GPU ran
+        out of queued work there."""
         if events:
             self.waiting.append((step, events))
-        done = self._read(wait=False)
+        self._read(wait=False)
         if len(self.waiting) >= self.every:
-            done += self._read(wait=True)
+            self._read(wait=True)
             self._queue_pass()
-            done += self._read(wait=False)
-        return done
+            self._read(wait=False)
+        return self._fill(1)
 
     def finish(self) -> list[list[StepEvent]]:
         """Every step not yet handed back, filled (waits for the GPU): the run has ended."""
-        done = self._read(wait=True)
+        self._read(wait=True)
         self._queue_pass()
-        return done + self._read(wait=True)
+        self._read(wait=True)
+        return self._fill(len(self.arrived))
 
     @torch.inference_mode()
     def _queue_pass(self) -> None:
@@ -246,20 +255,27 @@ class HeadTrace:
             if self.graph_ring is not None:
                 self.graph_ring.slot.fill_(kept)
 
-    def _read(self, wait: bool) -> list[list[StepEvent]]:
-        """The pass in flight's steps, filled, if it has finished (or `wait`); else none."""
+    def _read(self, wait: bool) -> None:
+        """The pass in flight's fields to `arrived`, if it has finished (or `wait`): one read of the
+        host buffer, which the next pass may then reuse."""
         p = self.flight
         if p is None or not (wait or p.done is None or p.done.query()):
-            return []
+            return
         if p.done is not None:
             p.done.synchronize()
         self.flight = None
         values = p.fields.tolist()
-        n, topk = self.heads.num_heads * self.topk, self.topk
         rows = iter(p.rows)
-        for events in p.steps:
-            for ev in events:
-                f = values[next(rows)]
+        self.arrived.extend((events, [values[next(rows)] for _ in events]) for events in p.steps)
+
+    def _fill(self, most: int) -> list[list[StepEvent]]:
+        """Up to `most` of the oldest arrived steps, their events' heads' top-k filled."""
+        n, topk = self.heads.num_heads * self.topk, self.topk
+        done = []
+        for _ in range(min(most, len(self.arrived))):
+            events, fields = self.arrived.popleft()
+            for ev, f in zip(events, fields):
                 ev.head_topk = [[(tok, p / MICRO) for tok, p in zip(f[a: a + topk], f[n + a: n + a + topk])]
                                 for a in range(0, n, topk)]
-        return p.steps
+            done.append(events)
+        return done

@@ -87,6 +87,18 @@ def test_decode_takes_the_backend_and_equals_transformers(which, request):
         tok.__class__ = Shouting.__mro__[1]
 
 
+def test_token_texts_name_special_tokens_and_decode_each_token_once(byte_level, monkeypatch):
+    """A trace names every token, special ones included (its EOS shows as itself, not as "")."""
+    texts = TokenTexts(byte_level)
+    eos = byte_level.eos_token_id
+    assert texts[eos] == byte_level.convert_ids_to_tokens(eos) != ""
+    calls = []
+    monkeypatch.setattr("engine.detok.decode", lambda *a, **k: calls.append(a) or "x")
+    assert texts[eos] == byte_level.convert_ids_to_tokens(eos) and calls == []  # kept: not decoded again
+    assert texts[7] == "x" and texts[7] == "x" and len(calls) == 1
+    assert TokenTexts(None)[5] == "<5>"
+
+
 def test_a_character_split_across_tokens_is_held_back_then_emitted_once(byte_level):
     ids = byte_level.encode("a🙂b")
     per_token = [byte_level.decode([i]) for i in ids]

@@ -271,6 +271,21 @@ def test_an_ar_trace_gets_each_steps_head_top_k_from_the_hidden_state_before_it(
             assert max(abs(a[1] - b[1]) for g, w in zip(got, ref) for a, b in zip(g, w)) <= 2e-6
 
 
+def test_a_medusa_trace_records_the_top_k_each_step_drafted_from(model_pair):
+    """A tree step's head fields as finish_step reads them: step s drafted from the heads at the last
+    token committed before it (position prefix_len - 1 of the whole sequence)."""
+    _, eng = model_pair
+    p = prompt(8)
+    r = eng.generate(p, 30, mode="medusa", tree="mc_sim_7b_63", trace=True, stop_on_eos=False)
+    want = heads_topk_at(eng, p + r.token_ids, eng.topk)
+    assert len(r.traces) == r.steps > 1
+    for t in r.traces:
+        ref = want[t["prefix_len"] - 1]
+        got = [[(c["token"], c["prob"]) for c in h] for h in t["head_topk"]]
+        assert [[c[0] for c in h] for h in got] == [[c[0] for c in h] for h in ref], t["step"]
+        assert max(abs(a[1] - b[1]) for g, w in zip(got, ref) for a, b in zip(g, w)) <= 2e-6
+
+
 def documented_step_fields() -> set[str]:
     doc = (Path(__file__).resolve().parent.parent / "docs" / "trace-schema.md").read_text()
     table = doc.split("## Step", 1)[1]

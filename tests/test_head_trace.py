@@ -52,7 +52,9 @@ def run(graphs: PassGraphs, heads, weight, topk: int, every: int, leaves: dict[i
     for step in range(last + 1):
         if ahead and step < last:
             launch(step + 1)
-        got += trace.hold(step, [StepEvent([1], [0], step=step, request=r) for r in rows_at[step]])
+        out = trace.hold(step, [StepEvent([1], [0], step=step, request=r) for r in rows_at[step]])
+        assert len(out) <= 1  # filled one step a call: a pass's Python work spread over the steps
+        got += out
         if close_after is not None and len(got) >= close_after:
             return got, hidden, rows_at  # a stream closed early: the rest is never read
         if not ahead and step < last:
