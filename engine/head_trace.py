@@ -204,8 +204,8 @@ class HeadTrace:
         """Take step `step`'s events; -> the oldest step whose fields have arrived, filled (none if
         none has), without waiting for the GPU (unless a full batch of steps finds the previous pass
         still in flight). One step a call, as steps come in: filling a whole pass at once (40 tuples
-        an event at the demo's 4 heads x 10) took the host long enough, at one step, that the GPU ran
-        out of queued work there."""
+        an event at the demo's 4 heads x 10) is a lump of host work at one step, long enough for the
+        GPU, one step ahead, to run out of queued work there."""
         if events:
             self.waiting.append((step, events))
         self._read(wait=False)
