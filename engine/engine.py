@@ -139,7 +139,7 @@ class Engine:
             eos.add(tokenizer.eos_token_id)
         self.eos_ids = eos
         self.default_tree = default_tree if default_tree is not None else self._fallback_tree()
-        self._token_text = TokenTexts(tokenizer)
+        self._token_text = TokenTexts(tokenizer)  # each token's text, for trace lines
         self._turn = threading.Lock()  # held by the run in progress (see the class docstring)
         self._holder: int | None = None  # the thread that took it
 
@@ -202,10 +202,6 @@ class Engine:
         if bad:
             raise GenerationError(f"token id {bad[0]!r} is outside the vocabulary [0, {self.args.vocab_size})")
         return [int(t) for t in ids]
-
-    def token_text(self, token: int) -> str:
-        """One token's text (cached: traces name hundreds of tokens per step)."""
-        return self._token_text[token]
 
     def text_of(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from .cudagraph import capture
-from .decode import MICRO, head_topk_fields, micro
+from .decode import head_topk_fields, head_topk_lists, micro
 from .heads import MedusaHeads
 from .kernels import greedy_step
 from .trace import StepEvent
@@ -270,12 +270,11 @@ class HeadTrace:
 
     def _fill(self, most: int) -> list[list[StepEvent]]:
         """Up to `most` of the oldest arrived steps, their events' heads' top-k filled."""
-        n, topk = self.heads.num_heads * self.topk, self.topk
+        n = self.heads.num_heads * self.topk
         done = []
         for _ in range(min(most, len(self.arrived))):
             events, fields = self.arrived.popleft()
             for ev, f in zip(events, fields):
-                ev.head_topk = [[(tok, p / MICRO) for tok, p in zip(f[a: a + topk], f[n + a: n + a + topk])]
-                                for a in range(0, n, topk)]
+                ev.head_topk = head_topk_lists(f, n, self.topk)
             done.append(events)
         return done
