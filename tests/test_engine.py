@@ -376,8 +376,9 @@ def test_compaction_reference_gathers_before_writing():
 @pytest.mark.parametrize("sm", [78, 132])
 def test_skinny_gemm_splits_fill_the_gpu_without_overflowing_the_workspace(sm):
     """The K splits the skinny GEMM's tuner may time give one to four programs per SM (or, where none does, the
-    one nearest); none for N of 64 outputs per SM and more, which then get no workspace; the counters cover the
-    column blocks of any N that may split, and the partials' workspace is sized from the same rule, so no timed config writes past it."""
+    one nearest), and no split as well; none for N of 64 outputs per SM and more, which then get no workspace; the
+    counters cover the column blocks of any N that may split, and the partials' workspace is sized from the same
+    rule, so no timed config writes past it."""
     from engine.kernels.gemv import BLOCKS, MIN_BLOCK_N, SPLIT_BELOW, max_split, splits_for
 
     for n in (256, 1000, 4096, 11008, 12288, 22016, 32000, 152064, SPLIT_BELOW * sm - 1):
@@ -388,12 +389,13 @@ def test_skinny_gemm_splits_fill_the_gpu_without_overflowing_the_workspace(sm):
             blocks = -(-n // bn)
             splits = splits_for(n, bn, sm)
             assert splits and max(splits) <= max_split(n, sm)
+            assert splits[0] == 1  # unsplit is always timed: at 64 rows it can beat every split
             if blocks > 4 * sm or n >= SPLIT_BELOW * sm:
                 assert splits == (1,)
             elif blocks * 8 < sm:
-                assert splits == (8,)
+                assert splits == (1, 8)
             else:
-                assert all(sm <= blocks * s <= 4 * sm for s in splits)
+                assert all(sm <= blocks * s <= 4 * sm for s in splits[1:]) and (blocks >= sm or len(splits) > 1)
 
 
 def test_cache_is_sized_to_the_request_not_the_context(tmp_path):

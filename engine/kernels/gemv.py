@@ -5,8 +5,8 @@ At batch 1 a projection is bound by reading its weight: W [N, K] bf16 is N*K*2 b
 cuBLAS's batch-1 kernels reached ~84 % of copy bandwidth on an H200 (benchmarks/README.md). Here
 one program owns BLOCK_N output features and walks K in BLOCK_K tiles, software-pipelined
 (num_stages), keeping every row of x in the same tile: W is read exactly once, in 16-byte-aligned
-rows, and x (small) comes from L2. Where N alone gives too few programs to fill the GPU, K is split
-(autotuned with the block shape, among the splits that give one to four programs per SM): each
+rows, and x (small) comes from L2. Where N alone gives too few programs to fill the GPU, K may be split
+(autotuned with the block shape, among no split and the splits that give one to four programs per SM): each
 split writes its fp32 partial to a workspace and counts itself in on a per-column-block counter,
 and the split that arrives last adds the partials (and the bias), writes the output in its dtype
 and sets its counter back to zero. The counters are one zeroed buffer per device that every call
@@ -69,13 +69,17 @@ SMEM_BYTES = 227 * 1024  # Hopper's shared memory per block: a config whose pipe
 def splits_for(n: int, block_n: int, sm: int) -> tuple[int, ...]:
     """The K splits worth timing for N outputs in blocks of `block_n` on `sm` SMs. None but 1 from SPLIT_BELOW
     outputs per SM up: a matrix that large needs no split, and one that may split writes a workspace of partials
-    whichever config won. Below it (at most 4 * sm column blocks for any block of 16 or more): the splits that
-    give one to four programs per SM (splitting further only adds partials to sum), else the largest, when even
-    that leaves the GPU under-filled."""
+    whichever config won. Below it (at most 4 * sm column blocks for any block of 16 or more): 1, and the splits
+    that give one to four programs per SM (splitting further only adds partials to sum), else the largest, when
+    even that leaves the GPU under-filled. 1 though the GPU is then under-filled: at 64 rows a split's partials
+    are 64 fp32 rows per column. On one H100 (benchmarks/README.md, "Unsplit GEMMs at 64 rows") the 7B o- and
+    down projections took 18.7 and 40.9 µs at 64 rows with their best splits (cuBLAS 14.4 and 37.1), and 13.9
+    and 36.8 once unsplit configs were among the candidates (cuBLAS 14.8 and 37.8)."""
     if n >= SPLIT_BELOW * sm:
         return (1,)
     blocks = -(-n // block_n)
-    return tuple(s for s in SPLITS if sm <= blocks * s <= 4 * sm) or (SPLITS[-1],)
+    splits = tuple(s for s in SPLITS if sm <= blocks * s <= 4 * sm) or (SPLITS[-1],)
+    return splits if splits[0] == 1 else (1,) + splits
 
 
 @functools.cache
