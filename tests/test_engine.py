@@ -390,12 +390,32 @@ def test_skinny_gemm_splits_fill_the_gpu_without_overflowing_the_workspace(sm):
             splits = splits_for(n, bn, sm)
             assert splits and max(splits) <= max_split(n, sm)
             assert splits[0] == 1  # unsplit is always timed: at 64 rows it can beat every split
-            if blocks > 4 * sm or n >= SPLIT_BELOW * sm:
+            if n >= SPLIT_BELOW * sm:
                 assert splits == (1,)
-            elif blocks * 8 < sm:
-                assert splits == (1, 8)
-            else:
-                assert all(sm <= blocks * s <= 4 * sm for s in splits[1:]) and (blocks >= sm or len(splits) > 1)
+            else:  # of 2-8, those that fill the GPU one to four times over, else the largest
+                filling = tuple(s for s in (2, 4, 8) if sm <= blocks * s <= 4 * sm)
+                assert splits[1:] == (filling or (8,))
+
+
+@pytest.mark.parametrize("m_block", [16, 64])
+def test_the_skinny_gemms_tuner_times_unsplit_and_split_configs(m_block):
+    """Where K may split (the 7B o-projection, N 4096, on 132 SMs), the configs the tuner times after its prune
+    include unsplit ones and split ones, each block shape with the splits `splits_for` allows it. The tuner's own
+    config list where Triton is installed, else the same list built from BLOCKS x SPLITS."""
+    from types import SimpleNamespace
+
+    from engine.kernels import gemv
+
+    if gemv.triton is not None:
+        configs = gemv._skinny.configs
+    else:
+        configs = [SimpleNamespace(kwargs={"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": s}, num_stages=st)
+                   for bn, bk, _, st in gemv.BLOCKS for s in gemv.SPLITS]
+    kept = gemv._worth_timing(configs, {"N": 4096, "SM": 132}, M_BLOCK=m_block, GATED=False)
+    splits = {c.kwargs["SPLIT_K"] for c in kept}
+    assert 1 in splits and splits - {1}, splits
+    assert all(c.kwargs["SPLIT_K"] in gemv.splits_for(4096, c.kwargs["BLOCK_N"], 132) for c in kept)
+    assert {c.kwargs["BLOCK_N"] for c in kept if c.kwargs["SPLIT_K"] == 1} == {c.kwargs["BLOCK_N"] for c in kept}
 
 
 def test_cache_is_sized_to_the_request_not_the_context(tmp_path):

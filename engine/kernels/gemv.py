@@ -6,7 +6,7 @@ cuBLAS's batch-1 kernels reached ~84 % of copy bandwidth on an H200 (benchmarks/
 one program owns BLOCK_N output features and walks K in BLOCK_K tiles, software-pipelined
 (num_stages), keeping every row of x in the same tile: W is read exactly once, in 16-byte-aligned
 rows, and x (small) comes from L2. Where N alone gives too few programs to fill the GPU, K may be split
-(autotuned with the block shape, among no split and the splits that give one to four programs per SM): each
+(autotuned with the block shape: no split, or the splits that give one to four programs per SM): each
 split writes its fp32 partial to a workspace and counts itself in on a per-column-block counter,
 and the split that arrives last adds the partials (and the bias), writes the output in its dtype
 and sets its counter back to zero. The counters are one zeroed buffer per device that every call
@@ -69,17 +69,16 @@ SMEM_BYTES = 227 * 1024  # Hopper's shared memory per block: a config whose pipe
 def splits_for(n: int, block_n: int, sm: int) -> tuple[int, ...]:
     """The K splits worth timing for N outputs in blocks of `block_n` on `sm` SMs. None but 1 from SPLIT_BELOW
     outputs per SM up: a matrix that large needs no split, and one that may split writes a workspace of partials
-    whichever config won. Below it (at most 4 * sm column blocks for any block of 16 or more): 1, and the splits
-    that give one to four programs per SM (splitting further only adds partials to sum), else the largest, when
-    even that leaves the GPU under-filled. 1 though the GPU is then under-filled: at 64 rows a split's partials
-    are 64 fp32 rows per column. On one H100 (benchmarks/README.md, "Unsplit GEMMs at 64 rows") the 7B o- and
-    down projections took 18.7 and 40.9 µs at 64 rows with their best splits (cuBLAS 14.4 and 37.1), and 13.9
-    and 36.8 once unsplit configs were among the candidates (cuBLAS 14.8 and 37.8)."""
+    whichever config won. Below it (at most 4 * sm column blocks for any block of 16 or more): 1, and of the
+    splits 2-8 those that give one to four programs per SM (splitting further only adds partials to sum), else
+    the largest. No split is a candidate though it under-fills the GPU: at 64 rows a split writes and re-reads 64
+    fp32 rows per column. At the 7B shape on one H100 (benchmarks/README.md, "Unsplit GEMMs at 64 rows") the
+    o-projection's best split took 18.7 µs at 64 rows and the sweep's variant of the same loop unsplit 15.8
+    (cuBLAS 14.4); with no split among the candidates the tuner's pick took 13.9 (cuBLAS 14.8)."""
     if n >= SPLIT_BELOW * sm:
         return (1,)
     blocks = -(-n // block_n)
-    splits = tuple(s for s in SPLITS if sm <= blocks * s <= 4 * sm) or (SPLITS[-1],)
-    return splits if splits[0] == 1 else (1,) + splits
+    return (1,) + (tuple(s for s in SPLITS[1:] if sm <= blocks * s <= 4 * sm) or (SPLITS[-1],))
 
 
 @functools.cache
@@ -111,6 +110,35 @@ def _worth_timing(configs: list, named_args: dict, **kwargs) -> list:
 
 if triton is not None:
 
+    @triton.jit
+    def _tile_rows(acc, X, w, rows, ks, k_ok, M, sx, GATED: tl.constexpr, K):
+        """acc + this K tile's product for `rows` of x: W is the loaded weight tile [BLOCK_N, BLOCK_K]."""
+        if GATED:  # X [1, 2K]: gate, then up K columns on; the activation of one row, put in row 0 of the tile
+            act = silu_mul_tile(tl.load(X + ks, mask=k_ok, other=0.0), tl.load(X + K + ks, mask=k_ok, other=0.0))
+            x = tl.where(rows[:, None] == 0, act[None, :], 0.0).to(act.dtype)
+        else:
+            x = tl.load(X + rows[:, None] * sx + ks[None, :], mask=(rows < M)[:, None] & k_ok[None, :], other=0.0)
+        return tl.dot(x, tl.trans(w), acc)
+
+    @triton.jit
+    def _finish_rows(acc, B, Y, PART, rows, cols, col_ok, M, N, sy, pid_k, last: tl.constexpr, SPLIT_K,
+                     HAS_BIAS: tl.constexpr):
+        """Store `rows`' partial (a split), or, in the program that finishes the column block (`last`), sum the
+        splits' partials, add the bias and write the output in its dtype."""
+        ok = (rows < M)[:, None] & col_ok[None, :]
+        tile = rows[:, None] * N + cols[None, :]
+        if SPLIT_K > 1:
+            if last:
+                acc = tl.zeros(acc.shape, tl.float32)
+                for s in range(SPLIT_K):  # .cg: read from L2, past this SM's L1
+                    acc += tl.load(PART + s * M * N + tile, mask=ok, other=0.0, cache_modifier=".cg")
+            else:
+                tl.store(PART + pid_k * M * N + tile, acc, mask=ok)
+        if last:
+            if HAS_BIAS:
+                acc += tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            tl.store(Y + rows[:, None] * sy + cols[None, :], acc.to(Y.dtype.element_ty), mask=ok)
+
     @triton.autotune(
         configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split}, num_warps=w, num_stages=s)
                  for bn, bk, w, s in BLOCKS for split in SPLITS],
@@ -119,14 +147,13 @@ if triton is not None:
     )
     @triton.jit
     def _skinny(X, W, B, Y, PART, COUNT, M, N, K, sx, sw, sy, SM, SPLIT_K,
-                HAS_BIAS: tl.constexpr, GATED: tl.constexpr, M_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                HAS_BIAS: tl.constexpr, GATED: tl.constexpr, M_BLOCK: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         wait_then_release(PDL)
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rows = tl.arange(0, M_BLOCK)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rows < M
         col_ok = cols < N
         per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
         k_lo = pid_k * per_split
@@ -134,31 +161,19 @@ if triton is not None:
         for k0 in range(k_lo, tl.minimum(k_lo + per_split, K), BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < K
-            if GATED:  # X [1, 2K]: gate, then up K columns on; the activation of one row, put in row 0 of the tile
-                act = silu_mul_tile(tl.load(X + ks, mask=k_ok, other=0.0), tl.load(X + K + ks, mask=k_ok, other=0.0))
-                x = tl.where(rows[:, None] == 0, act[None, :], 0.0).to(act.dtype)
-            else:
-                x = tl.load(X + rows[:, None] * sx + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(W + cols[:, None] * sw + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-            acc += tl.dot(x, tl.trans(w))
-        ok = row_ok[:, None] & col_ok[None, :]
-        tile = rows[:, None] * N + cols[None, :]
+            acc = _tile_rows(acc, X, w, rows, ks, k_ok, M, sx, GATED, K)
         # SPLIT_K is a runtime argument (Triton folds a 1 into the kernel): `arrived` has one type on both branches
         arrived = SPLIT_K - 1
         if SPLIT_K > 1:
-            tl.store(PART + pid_k * M * N + tile, acc, mask=ok)
+            _finish_rows(acc, B, Y, PART, rows, cols, col_ok, M, N, sy, pid_k, False, SPLIT_K, HAS_BIAS)
             tl.debug_barrier()  # every thread's partial is stored before the program counts itself in
             # release: this split's partial is visible before its count; acquire: the last one sees every partial
             arrived = tl.atomic_add(COUNT + pid_n, 1, sem="acq_rel")
         if arrived == SPLIT_K - 1:  # the last split to arrive (or the only one) writes the output
+            _finish_rows(acc, B, Y, PART, rows, cols, col_ok, M, N, sy, pid_k, True, SPLIT_K, HAS_BIAS)
             if SPLIT_K > 1:
-                acc = tl.zeros([M_BLOCK, BLOCK_N], tl.float32)
-                for s in range(SPLIT_K):  # .cg: read from L2, past this SM's L1
-                    acc += tl.load(PART + s * M * N + tile, mask=ok, other=0.0, cache_modifier=".cg")
                 tl.store(COUNT + pid_n, 0)  # every split has counted itself in: zero for the next call
-            if HAS_BIAS:
-                acc += tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-            tl.store(Y + rows[:, None] * sy + cols[None, :], acc.to(Y.dtype.element_ty), mask=ok)
 
 
 _COUNTERS: dict[int, torch.Tensor] = {}
@@ -204,6 +219,7 @@ def launch(kernel, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
                  weight.stride(0), y.stride(0), sm, HAS_BIAS=bias is not None, GATED=gated,
                  M_BLOCK=max(16, triton.next_power_of_2(rows)), **pdl.options(x2), **config)
     return y
+
 
 
 def applies(x: torch.Tensor, rows: int, gated: bool = False) -> bool:
