@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # The device calls of 2026-12-07, twenty-second session (benchmarks/README.md, "Unsplit GEMMs at 64 rows"), as they
-# ran, each on a fresh H100. Output in $OUT. What engine each ran (the tail versions are benchmarks/patches/gemv_tail.diff):
-#   bash benchmarks/gemm_rows_calls.sh 1   (engine of 2243b0e) GPU tests (graphs traced and untraced, the ResBlock tail,
-#                                          tree attention), the demo's traced host time, then the 7B shape's GEMMs at
-#                                          64 and 65 rows: cuBLAS against every configuration of ours and of the
-#                                          variants (benchmarks/gemm_rows_sweep.py; ours then without unsplit configs
-#                                          where K may split)
-#   bash benchmarks/gemm_rows_calls.sh 2   (unsplit configs among the candidates, and the first 16-row tail) the skinny
+# ran, each on a fresh H100. Output in $OUT. What engine each ran:
+#   bash benchmarks/gemm_rows_calls.sh 1   (2243b0e) GPU tests (graphs traced and untraced, the ResBlock tail, tree
+#                                          attention), the demo's traced host time, then the 7B shape's GEMMs at 64 and
+#                                          65 rows: cuBLAS against every configuration of ours and of the variants
+#                                          (benchmarks/gemm_rows_sweep.py; ours without unsplit configs where K may split)
+#   bash benchmarks/gemm_rows_calls.sh 2   (this stop's engine with benchmarks/patches/gemv_tail_first.diff) the skinny
 #                                          GEMM's tests, then graphed steps (benchmarks/step_ab.py, 63 and 64 nodes):
-#                                          the 7B shape with ours and `auto` (PDL on), ours before this change (a copy
-#                                          of 2243b0e's engine in _before/, made in the repo root first: `mkdir _before
-#                                          && git archive 2243b0e engine trees | tar -x -C _before`) and cuBLAS (PDL
-#                                          off); then the demo and SmolLM2 shapes likewise
-#   bash benchmarks/gemm_rows_calls.sh 3   (the swapped tail, which did not compile) the same tests, then on a copy with
-#                                          the tail's split sum broken on purpose (_broken/); the 7B GEMMs at 65 rows;
-#                                          graphed steps: 7B with ours and `auto` (PDL on), the small shapes with ours
-#                                          (PDL on and off) and cuBLAS with PDL
+#                                          the 7B shape with ours and `auto` (PDL on), ours before (a copy of 2243b0e's
+#                                          engine in _before/, made in the repo root first: `mkdir _before && git archive
+#                                          2243b0e engine trees | tar -x -C _before`) and cuBLAS (PDL off); then the demo
+#                                          and SmolLM2 shapes likewise
+#   bash benchmarks/gemm_rows_calls.sh 3   (this stop's engine with benchmarks/patches/gemv_tail.diff as it was before
+#                                          its if/else fix: `_tile_rows` returned inside `if SWAP:`, and the sweep's
+#                                          `**gemv.tiles(m)`) the same tests, then on a copy (_broken/, made from the
+#                                          checkout) whose tail's last `_finish_rows` was given SPLIT_K 1; the 7B GEMMs
+#                                          at 65 rows; graphed steps: 7B with ours and `auto` (PDL on), the small
+#                                          shapes with ours (PDL on and off) and cuBLAS with PDL. Its kernel did not
+#                                          compile: every run with ours failed
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
