@@ -15,7 +15,8 @@ pytestmark = pytest.mark.slow
 
 
 def bench(*args: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "engine", "bench", "--device", "cpu", "--threads", "2", *args],
+    """One thread, like every torch process of the suite (conftest: OMP_NUM_THREADS)."""
+    out = subprocess.run([sys.executable, "-m", "engine", "bench", "--device", "cpu", "--threads", "1", *args],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
