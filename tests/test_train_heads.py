@@ -164,8 +164,9 @@ def test_train_heads_learns_resumes_and_stops_on_sigterm(tmp_path, llama_dir):
     from engine.train.data import write_shard
 
     write_shard(data, 0, Sequences.from_list([motif * 3] * 200, [0] * 200))
+    # a 6 s budget: SIGTERM lands about 1 s of training in, and the resumed run trains the other 5
     cmd = [sys.executable, "-m", "engine", "train-heads", "--model", str(llama_dir), "--data", str(data),
-           "--out", str(tmp_path / "b.safetensors"), "--heads", "2", "--minutes", "0.3", "--batch-tokens", "600",
+           "--out", str(tmp_path / "b.safetensors"), "--heads", "2", "--minutes", "0.1", "--batch-tokens", "600",
            "--eval-every", "100000", "--device", "cpu"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
