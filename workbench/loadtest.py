@@ -380,7 +380,8 @@ def soak(url: str, minutes: float, server_pid: int, workers: int = 4, sample_s: 
     curve = []
     while any(t.is_alive() for t in threads):
         curve.append([round(time.monotonic() - t0), round(rss_mib(server_pid), 1)])
-        time.sleep(sample_s)
+        for t in threads:  # until the next sample, or less once the workers are done (a sleep waited out sample_s)
+            t.join(max(0.0, t0 + len(curve) * sample_s - time.monotonic()))
     for t in threads:
         t.join()
     warm = next((i + 1 for i, (s, _) in enumerate(curve) if s >= 120), len(curve))  # the first 2 minutes
