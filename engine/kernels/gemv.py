@@ -221,7 +221,6 @@ def launch(kernel, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     return y
 
 
-
 def applies(x: torch.Tensor, rows: int, gated: bool = False) -> bool:
     """Whether the kernel runs x of `rows` rows: bf16/fp16 on CUDA, at most MAX_ROWS rows (one, gated)."""
     return (triton is not None and x.is_cuda and rows <= (1 if gated else MAX_ROWS)
