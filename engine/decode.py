@@ -148,16 +148,19 @@ def head_topk_fields(head_logits: torch.Tensor, topk: int) -> list[torch.Tensor]
 
 
 def ar_forward(model: Transformer, state: DecodeState, params, gen, span: int | None = None,
-               trace_topk: int = 0) -> StepTensors:
+               trace_topk: int = 0, ring=None) -> StepTensors:
     """Device work of an AR step (no host sync): updates state's tensors, not host_lengths.
     trace_topk > 0 packs the target's step trace. The heads never run here: a traced run that records
-    their top-k computes it from the returned hidden state, many steps at once (engine/head_trace.py).
+    their top-k computes it from the returned hidden state, many steps at once (engine/head_trace.py);
+    `ring` (a HiddenRing, on graphs) gets it in its next slot.
     A greedy step on the fused model is a one-node tree step's verification (`_ar_forward_fused`)."""
     root = state.root
     hidden = model(root[:, None], state.lengths[:, None], start=state.lengths,
                    span=span or max(state.host_lengths) + 1)  # [B, 1, d]
     if params.greedy and fused_greedy(model, RULES["greedy"], state):
-        return _ar_forward_fused(model, state, hidden, trace_topk)
+        return _ar_forward_fused(model, state, hidden, trace_topk, ring)
+    if ring is not None:
+        ring.write(hidden[:, 0])
     logits = model.logits(hidden[:, 0]).float()  # [B, V]
     state.lengths = state.lengths + 1
     state.root = choose_next(logits, params, gen)
@@ -197,12 +200,13 @@ def _one_node(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return _ONE_NODE[device]
 
 
-def _ar_forward_fused(model: Transformer, state: DecodeState, hidden: torch.Tensor, trace_topk: int) -> StepTensors:
+def _ar_forward_fused(model: Transformer, state: DecodeState, hidden: torch.Tensor, trace_topk: int,
+                      ring=None) -> StepTensors:
     """A greedy AR step's work after the forward as `greedy_step.greedy_accept` on a one-node tree (the
     root): the argmax over the logits in the model's dtype, the packed step [1, 0, root] and the new root
     and lengths in place, in two launches where the torch code (`ar_forward`'s other branch, its reference)
     is a float32 cast, an argmax, the length add and three kernels to pack. Traced, the trace kernel reads
-    the argmax's log-sum-exp too."""
+    the argmax's log-sum-exp too; the ring's write is part of the second launch."""
     retrieve, parent = _one_node(hidden.device)
     # the node tokens are the root, which the merge overwrites with the next root only after reading them;
     # a trace reads them later, so it gets its own copy
@@ -210,7 +214,7 @@ def _ar_forward_fused(model: Transformer, state: DecodeState, hidden: torch.Tens
     logits = model.logits(hidden)  # [B, 1, V]
     width = trace_width(1, 0, trace_topk) if trace_topk else 0
     acc = greedy_step.greedy_accept(retrieve, tokens, logits, hidden, state.lengths, state.root, width,
-                                    lse=bool(trace_topk))
+                                    lse=bool(trace_topk), ring=ring)
     if trace_topk:
         greedy_step.trace_fields(acc.packed[:, 3:], tokens, parent, logits, acc.target, None, trace_topk)
     return StepTensors(acc.packed, 1, 0, trace_topk, bool(trace_topk), hidden[:, 0])

@@ -163,9 +163,7 @@ class StepGraphs:
                 out = tree_forward(self.model, heads, buf, work, RULES["greedy"], GREEDY, None, span=span,
                                    trace=bool(trace_topk))
             else:
-                out = ar_forward(self.model, work, GREEDY, None, span=span, trace_topk=trace_topk)
-                if ring is not None:
-                    ring.write(out.hidden)
+                out = ar_forward(self.model, work, GREEDY, None, span=span, trace_topk=trace_topk, ring=ring)
             static.copy_(work)
             return out
 

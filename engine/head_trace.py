@@ -9,9 +9,9 @@ shapes, traced decoding"; there the run is bound by the host, and this design ma
 its hidden state, which goes into a ring on the device, and every `every` steps one heads pass runs
 over all the states kept: one batched GEMM per ResBlock and one vocabulary projection for `every`
 steps. A traced AR step then runs the untraced step's kernels, its trace kernel and the hidden
-state's copy into the ring. On CUDA graphs (`PassGraphs`) that copy is part of the step's graph
-(`HiddenRing.write`) and a full pass is one replay of its own graph: on the demo model a traced AR
-step waits for its host, where every launch counts.
+state's copy into the ring. On CUDA graphs (`PassGraphs`) that copy is part of the step's graph (on
+the fused model inside the verification kernel the untraced step runs too, `HiddenRing`) and a full
+pass is one replay of its own graph: on the demo model every launch of a traced AR step counts.
 
 Nothing here waits for the GPU while steps are queued: a pass is queued behind the step in flight,
 its top-k travels to pinned host memory, and once its event has passed (`hold` looks without
@@ -83,14 +83,18 @@ def new_ring(slots: int, batch: int, dim: int, like: torch.Tensor) -> torch.Tens
 class HiddenRing:
     """Where the captured steps of a traced AR run leave their hidden states: [slots, cap, d] on the
     device, for any batch of up to `cap` rows, and the slot the next step writes. The step's graph
-    advances the slot; the host sets it after the prefill's save and after each pass."""
+    advances the slot; the host sets it after the prefill's save and after each pass. On the fused
+    model the step's verification kernel writes the states and advances the slot
+    (`greedy_step.greedy_accept`, which counts its finished programs in `count`): the traced step then
+    runs the untraced step's launches and its trace kernel, nothing more."""
 
     states: torch.Tensor  # [slots, cap, d]
     slot: torch.Tensor  # [1] long
+    count: torch.Tensor  # [1] int32, 0 between steps: greedy_accept's programs done
 
     def write(self, hidden: torch.Tensor) -> None:
-        """Captured in an AR step's graph: its hidden states [B, d] into the next slot, with no
-        launch of the host's own per step (the demo model's traced AR step waits for its host)."""
+        """Captured in an unfused AR step's graph: its hidden states [B, d] into the next slot (two
+        launches a step, where the fused step's verification needs none)."""
         self.states[:, : hidden.shape[0]].index_copy_(0, self.slot, hidden[None])
         self.slot.add_(1)
 
@@ -124,7 +128,8 @@ class PassGraphs:
         if r is None or r.states.shape[0] != slots or r.states.shape[1] < batch:
             with torch.inference_mode(False):
                 slot = torch.zeros(1, dtype=torch.long, device=like.device)
-            self.ring = HiddenRing(new_ring(slots, 1 << (batch - 1).bit_length(), like.shape[1], like), slot)
+                count = torch.zeros(1, dtype=torch.int32, device=like.device)
+            self.ring = HiddenRing(new_ring(slots, 1 << (batch - 1).bit_length(), like.shape[1], like), slot, count)
             self.passes.clear()
         return self.ring
 
@@ -186,7 +191,7 @@ class HeadTrace:
     def save(self, step: int, hidden: torch.Tensor, requests: list[int]) -> None:
         """Keep step `step`'s hidden states [B, d] (one row per request in `requests`, kept as it is:
         the session replaces its list of rows, never changes it): a device copy, except for a
-        captured step, whose graph wrote them (HiddenRing.write)."""
+        captured step, whose graph wrote them (HiddenRing)."""
         if self.ring is None:
             self.ring = new_ring(self.slots, self.batch, hidden.shape[-1], hidden)
             self.slot_views = list(self.ring)  # made once: a step's save is then one copy launch

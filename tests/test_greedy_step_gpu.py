@@ -15,6 +15,7 @@ from test_kernels_gpu import random_tree
 import trees
 from engine import decode
 from engine.accept import RULES
+from engine.head_trace import HiddenRing
 from engine.kernels import greedy_step as gs
 from engine.sampling import SamplingParams
 
@@ -238,6 +239,33 @@ def test_an_ar_step_is_greedy_accept_on_a_one_node_tree(lse):
     assert torch.equal(lengths, start + 1)
     assert torch.equal(acc.src, start[:, None]) and torch.equal(acc.dst, start[:, None])
     assert torch.equal(acc.last_hidden, hidden[:, 0])
+
+
+@QUICK
+def test_a_traced_ar_steps_verification_writes_the_ring_and_advances_its_slot():
+    """A traced AR run's ring on the fused model (engine/head_trace.py, HiddenRing): greedy_accept puts each
+    request's hidden state into the ring's slot and advances the slot, its count of finished programs back at 0,
+    so the step's graph needs no launch of its own for it. Rows past the batch and the other slots stay as they
+    were. Five AR steps of 3 requests into a ring of 6 slots x 4 rows, from slot 1; then a ring too small."""
+    g = gen_of("ring")
+    ring = HiddenRing(torch.randn(6, 4, 96, generator=g).to(F16).to(DEV), torch.ones(1, dtype=torch.long, device=DEV),
+                      torch.zeros(1, dtype=torch.int32, device=DEV))
+    want = ring.states.clone()
+    one_node = torch.zeros(1, 1, dtype=torch.long, device=DEV)
+    lengths = torch.randint(3, 900, (3,), generator=g).to(DEV)
+    root = torch.randint(0, 500, (3,), generator=g).to(DEV)
+    for step in range(5):
+        logits = torch.randn(3, 1, 500, generator=g).to(F16).to(DEV)
+        hidden = torch.randn(3, 1, 96, generator=g).to(F16).to(DEV)
+        acc = gs.greedy_accept(one_node, root[:, None], logits, hidden, lengths, root, ring=ring)
+        want[1 + step, :3] = hidden[:, 0]
+        assert acc.last_hidden is None
+        assert int(ring.slot) == 2 + step and int(ring.count) == 0
+        assert torch.equal(root, logits[:, 0].float().argmax(-1))
+    assert torch.equal(ring.states, want)
+    small = HiddenRing(ring.states[:, :2].contiguous(), ring.slot, ring.count)
+    with pytest.raises(ValueError, match="ring .* does not hold 3 contiguous rows of 96"):
+        gs.greedy_accept(one_node, root[:, None], logits, hidden, lengths, root, ring=small)
 
 
 @pytest.mark.parametrize("n, dtype", [pytest.param(12, F32, marks=QUICK), (63, BF16),

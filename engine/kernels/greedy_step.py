@@ -59,7 +59,7 @@ class Accepted:
     packed: torch.Tensor  # [B, 1 + 2W (+ trace width)]: kept, W accepted nodes, their W tokens, then the trace
     nodes: torch.Tensor  # [B, W] accepted path, root first, padded by repeating its last node (a view of packed)
     kept: torch.Tensor  # [B] (a view of packed)
-    last_hidden: torch.Tensor  # [B, d] the last kept node's hidden state: the next heads read it
+    last_hidden: torch.Tensor | None  # [B, d] the last kept node's hidden state: the next heads read it (None: in a ring)
     src: torch.Tensor  # [B, W] cache slots of the accepted nodes ...
     dst: torch.Tensor  # [B, W] ... and where they move (KVCache.compact)
     target: TopK  # the target's argmax and log-sum-exp at every node (rows b * T + t)
@@ -162,15 +162,17 @@ if triton is not None:
 
     @triton.jit
     def _merge_accept(Vals, Ids, Max, SumExp, TopVals, TopIds, Lse, Retrieve, Tokens, Lengths, Packed, Roots,
-                      Hidden, LastHidden, Src, Dst, n_chunks, T, P, W, packed_stride, BLOCK_T: tl.constexpr,
-                      ROWS: tl.constexpr, CAND: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_P: tl.constexpr,
-                      BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr, DIM: tl.constexpr, BLOCK_HID: tl.constexpr,
-                      LSE: tl.constexpr, PDL: tl.constexpr):
+                      Hidden, LastHidden, Slot, Count, slot_stride, Src, Dst, n_chunks, T, P, W, packed_stride,
+                      BLOCK_T: tl.constexpr, ROWS: tl.constexpr, CAND: tl.constexpr, CHUNKS: tl.constexpr,
+                      BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr, DIM: tl.constexpr,
+                      BLOCK_HID: tl.constexpr, LSE: tl.constexpr, RING: tl.constexpr, PDL: tl.constexpr):
         """Program (request): the target's argmax (and, with LSE, log-sum-exp) at each of its T nodes
         (`_merge_rows`), then every root-to-leaf path's accepted length (nodes whose token is the
         target's argmax at their parent, from the root down), the first longest path, and what
         the step writes from it. Lengths holds each request's start and gets its new length: the
-        program reads its own entry before it writes it."""
+        program reads its own entry before it writes it. With RING the last kept hidden state goes
+        to row b of slot `Slot` of a ring ([slots, cap, DIM] at LastHidden), and the program that
+        finishes last (`Count`, back to 0 after) advances the slot, which every program read first."""
         wait_then_release(PDL)
         b = tl.program_id(0)
         _merge_rows(b * T, b * T + T, Vals, Ids, Max, SumExp, TopVals, TopIds, Lse, n_chunks, 1, BLOCK_T, ROWS, CAND,
@@ -206,9 +208,18 @@ if triton is not None:
         tl.store(Lengths + b, start + kept)
         tl.store(Roots + b, next_root)
         src = Hidden + (b * T + last).to(tl.int64) * DIM
+        dst = LastHidden + b * DIM
+        if RING:
+            slot = tl.load(Slot)
+            dst += slot * slot_stride
         for c in range(0, DIM, BLOCK_HID):  # DIM, the hidden size, is a constant of the model
             h = c + tl.arange(0, BLOCK_HID)
-            tl.store(LastHidden + b * DIM + h, tl.load(src + h, mask=h < DIM), mask=h < DIM)
+            tl.store(dst + h, tl.load(src + h, mask=h < DIM), mask=h < DIM)
+        if RING:
+            tl.debug_barrier()  # every thread of the program has read the slot
+            if tl.atomic_add(Count, 1) == tl.num_programs(0) - 1:  # acq_rel: every other program read it too
+                tl.store(Count, 0)
+                tl.store(Slot, slot + 1)
 
     @triton.jit
     def _micro(p):
@@ -333,7 +344,8 @@ def draft(head_logits: torch.Tensor, topk: int, root: torch.Tensor, tree_indices
 
 
 def greedy_accept(retrieve: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor,
-                  lengths: torch.Tensor, root: torch.Tensor, trace_width: int = 0, lse: bool = True) -> Accepted:
+                  lengths: torch.Tensor, root: torch.Tensor, trace_width: int = 0, lse: bool = True,
+                  ring=None) -> Accepted:
     """retrieve [P, W] (root-to-leaf paths, -1 padded), node tokens [B, T], the target's logits and
     hidden states at every node [B, T, V] (`row_topk`'s layouts) and [B, T, d] (contiguous), each
     request's length before the step [B] -> the target's argmax and log-sum-exp per node, and what
@@ -342,12 +354,20 @@ def greedy_accept(retrieve: torch.Tensor, tokens: torch.Tensor, logits: torch.Te
     `lengths` and `root` [B] get the new lengths and next roots in place: a graph's static state then
     needs no copy of them (a launch each). `tokens` may be a view of `root` (an AR step's one node is its
     root): the merge reads them before it writes the next roots. `packed` gets trace_width more columns,
-    left for `trace_fields` to fill. The log-sum-exp only a trace reads: `lse=False` skips it."""
+    left for `trace_fields` to fill. The log-sum-exp only a trace reads: `lse=False` skips it.
+    `ring` (engine/head_trace.py's HiddenRing: `states` [slots, cap, d], `slot` [1] int64, `count` [1]
+    int32 at 0) takes the last kept hidden states instead of a new tensor (`last_hidden` is then None):
+    into its slot `slot`, which then advances, all in this launch. A traced AR step's graph keeps its
+    hidden state for the heads so, with no launch of its own (the demo's step is a chain of launches)."""
     b, t = tokens.shape
     paths, w = retrieve.shape
     dim = hidden.shape[-1]
     if not all(x.is_contiguous() for x in (hidden, tokens, lengths, root)):
         raise ValueError("greedy_accept needs hidden, tokens, lengths and root contiguous (the kernel indexes them flat)")
+    if ring is not None and (ring.states.shape[1] < b or ring.states.shape[2] != dim
+                             or ring.states.dtype != hidden.dtype or not ring.states.is_contiguous()):
+        raise ValueError(f"greedy_accept's ring {tuple(ring.states.shape)} {ring.states.dtype} does not hold {b} "
+                         f"contiguous rows of {dim} {hidden.dtype}")
     dev = tokens.device
     chunks = _chunk_pass(logits, 1, lse)
 
@@ -355,13 +375,16 @@ def greedy_accept(retrieve: torch.Tensor, tokens: torch.Tensor, logits: torch.Te
         return torch.empty(*shape, device=dev, dtype=torch.int64)
 
     packed = new(b, 1 + 2 * w + trace_width)
-    acc = Accepted(packed, packed[:, 1: 1 + w], packed[:, 0], torch.empty(b, dim, device=dev, dtype=hidden.dtype),
-                   new(b, w), new(b, w), _empty_topk(b * t, 1, dev, lse))
+    last_hidden = torch.empty(b, dim, device=dev, dtype=hidden.dtype) if ring is None else None
+    acc = Accepted(packed, packed[:, 1: 1 + w], packed[:, 0], last_hidden, new(b, w), new(b, w),
+                   _empty_topk(b * t, 1, dev, lse))
+    into, slot, count = (last_hidden, lengths, lengths) if ring is None else (ring.states, ring.slot, ring.count)
     _merge_accept[(b,)](*chunks.args(), acc.target.values, acc.target.ids, _lse_arg(acc.target, chunks), retrieve, tokens, lengths,
-                        acc.packed, root, hidden, acc.last_hidden, acc.src, acc.dst, chunks.n_chunks, t, paths, w,
-                        acc.packed.stride(0), BLOCK_T=_pow2(t, 1), ROWS=min(64, _pow2(t, 1)),
+                        acc.packed, root, hidden, into, slot, count, into.stride(0), acc.src, acc.dst, chunks.n_chunks,
+                        t, paths, w, acc.packed.stride(0), BLOCK_T=_pow2(t, 1), ROWS=min(64, _pow2(t, 1)),
                         BLOCK_P=_pow2(paths, 1), BLOCK_D=_pow2(w - 1, 1), BLOCK_W=_pow2(w, 1), DIM=dim,
-                        BLOCK_HID=min(1024, _pow2(dim)), LSE=lse, **chunks.merge_sizes(), **pdl.options(hidden))
+                        BLOCK_HID=min(1024, _pow2(dim)), LSE=lse, RING=ring is not None, **chunks.merge_sizes(),
+                        **pdl.options(hidden))
     return acc
 
 
