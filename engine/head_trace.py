@@ -235,7 +235,9 @@ class HeadTrace:
             return
         last = self.waiting[-1][0]
         used = last - self.first  # slots 0 .. used - 1 hold the entries of steps first .. last - 1
-        if self.graphs is not None and used == self.every:
+        # a run's last pass, over fewer slots, replays the full pass too (one launch, not some 25): its
+        # rows of the slots past `used` come from stale states and are never read
+        if self.graphs is not None and 0 < used <= self.every:
             full = self.graphs.get(self.heads, self.lm_head_weight, self.topk, self.every, self.batch)
             full.graph.replay()
             fields = full.out
