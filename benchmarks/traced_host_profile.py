@@ -1,41 +1,64 @@
-"""Where a traced step's host time goes: `PYTHONPATH=. python3 benchmarks/traced_host_profile.py [model]`.
+"""What tracing costs a decoding run: `PYTHONPATH=. python3 benchmarks/traced_host_profile.py [model]
+[--rounds 5] [--max-new-tokens 600] [--every 16,32] [--profile]`.
 
-One 600-token greedy run of one prompt (no EOS stop), AR and Medusa (`mc_sim_7b_63`): untraced,
-traced, and (AR) traced without the heads' top-k, each the best of three timed runs after a warm-up
-(ms per step, tokens/s); then one traced run of each under cProfile, its 22 largest functions by own
-time. On a GPU with CUDA graphs the host reads step N while the device runs step N+1, so what the
-host does per traced step beyond the device step's time is what tracing costs.
+One 600-token (`--max-new-tokens`) greedy run of one prompt (no EOS stop), AR and Medusa (`mc_sim_7b_63`): untraced,
+traced, and (AR) traced without the heads' top-k. Each variant runs once as a warm-up, then once a
+round, the variants in turn and their order reversed every other round, so a drift of the machine
+(clocks, another process) falls on all of them alike. Printed: ms per step, the median and the best
+over the rounds, and each traced variant's median over the rounds of its time / the untraced run's in
+the same round. `--every` adds traced AR runs at each number of steps per heads pass (the engine's
+HEAD_TRACE_STEPS, replaced for the run). `--profile`: then one traced run of each mode under cProfile,
+its 22 largest functions by own time. On a GPU with CUDA graphs the host reads step N while the
+device runs step N+1, so host work per step beyond the device step's time is what tracing costs.
 """
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import io
 import pstats
-import sys
+import statistics
 import time
 
 import engine
+import engine.engine
 
 PROMPT = "def read_config(path):"
 
 
-def main(model: str) -> None:
+def step_ms(eng, kw: dict, every: int | None) -> float:
+    """ms per step of one run (`every`: HEAD_TRACE_STEPS for it)."""
+    default = engine.engine.HEAD_TRACE_STEPS
+    engine.engine.HEAD_TRACE_STEPS = every or default
+    try:
+        t0 = time.perf_counter()
+        r = eng.generate(PROMPT, **kw)
+        return (time.perf_counter() - t0) / r.steps * 1e3
+    finally:
+        engine.engine.HEAD_TRACE_STEPS = default
+
+
+def main(model: str, rounds: int, tokens: int, every: list[int], profile: bool) -> None:
     eng = engine.load(model)
     for mode, tree in (("ar", None), ("medusa", "mc_sim_7b_63")):
-        kw = dict(mode=mode, tree=tree, max_new_tokens=600, stop_on_eos=False)
-        variants = {"untraced": {}, "traced": dict(trace=True)}
+        kw = dict(mode=mode, tree=tree, max_new_tokens=tokens, stop_on_eos=False)
+        variants = {"untraced": ({}, None), "traced": (dict(trace=True), None)}
         if mode == "ar":
-            variants["traced without heads"] = dict(trace=True, trace_heads=False)
-        for name, extra in variants.items():
-            eng.generate(PROMPT, **kw, **extra)
-            best = None
-            for _ in range(3):
-                t0 = time.perf_counter()
-                r = eng.generate(PROMPT, **kw, **extra)
-                dt = time.perf_counter() - t0
-                best = dt if best is None or dt < best else best
-            print(f"{mode} {name}: {r.new_tokens / best:.0f} tok/s, {best / r.steps * 1e3:.4f} ms/step, {r.steps} steps")
+            variants["traced without heads"] = (dict(trace=True, trace_heads=False), None)
+            variants.update({f"traced, {n} steps a heads pass": (dict(trace=True), n) for n in every})
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        for extra, n in variants.values():  # warm-up: graphs captured, kernels compiled
+            step_ms(eng, {**kw, **extra}, n)
+        for r in range(rounds):
+            for name, (extra, n) in (list(variants.items())[:: 1 if r % 2 == 0 else -1]):
+                times[name].append(step_ms(eng, {**kw, **extra}, n))
+        for name, ms in times.items():
+            ratio = statistics.median(t / u for t, u in zip(ms, times["untraced"]))
+            print(f"{mode} {name}: median {statistics.median(ms):.4f} ms/step, best {min(ms):.4f}, "
+                  f"over untraced {ratio:.3f} (median of {rounds} rounds)")
+        if not profile:
+            continue
         prof = cProfile.Profile()
         prof.enable()
         eng.generate(PROMPT, trace=True, **kw)
@@ -46,4 +69,11 @@ def main(model: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "demo")
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model", nargs="?", default="demo")
+    p.add_argument("--rounds", type=int, default=5, help="timed runs of each variant, interleaved")
+    p.add_argument("--max-new-tokens", type=int, default=600, help="tokens a run")
+    p.add_argument("--every", default="", help="steps per heads pass to time traced AR at, comma-separated")
+    p.add_argument("--profile", action="store_true", help="then one traced run of each mode under cProfile")
+    a = p.parse_args()
+    main(a.model, a.rounds, a.max_new_tokens, [int(n) for n in a.every.split(",") if n], a.profile)
