@@ -10,8 +10,9 @@ its hidden state, which goes into a ring on the device, and every `every` steps 
 over all the states kept: one batched GEMM per ResBlock and one vocabulary projection for `every`
 steps. A traced AR step then runs the untraced step's kernels, its trace kernel and the hidden
 state's copy into the ring. On CUDA graphs (`PassGraphs`) that copy is part of the step's graph (on
-the fused model inside the verification kernel the untraced step runs too, `HiddenRing`) and a full
-pass is one replay of its own graph: on the demo model every launch of a traced AR step counts.
+the fused model inside the verification kernel the untraced step runs too, `HiddenRing`) and a pass
+is one replay of its own graph (a run's last, partial pass too): on the demo model every launch of a
+traced AR step counts.
 
 Nothing here waits for the GPU while steps are queued: a pass is queued behind the step in flight,
 its top-k travels to pinned host memory, and once its event has passed (`hold` looks without
@@ -109,11 +110,13 @@ class CapturedPass:
 
 class PassGraphs:
     """An Engine's ring of hidden states for traced AR runs on CUDA graphs, and its full heads
-    passes captured as graphs, one per (heads, top-k, every, batch size), made at a run's first full
-    pass. Launched eagerly a pass is some 25 kernels, each a launch on the host, which a demo-sized
-    step cannot hide. Graphs read the ring by address, so it lives here and the runs share it, one
-    after another (an Engine runs one at a time); one ring for every batch size keeps the step graphs
-    that write it to one per batch size, as for untraced runs."""
+    passes captured as graphs, one per (heads, top-k, every, batch size), made at a run's first pass
+    (its last, partial one, for a run shorter than `every` steps). Launched eagerly a pass is some 25
+    kernels, each a launch on the host, which a demo-sized step cannot hide; a partial pass replayed
+    computes all `every` slots, the stale ones unread (at batch 1 to 4, one 64-row chunk either way).
+    Graphs read the ring by address, so it lives here and the runs share it, one after another (an
+    Engine runs one at a time); one ring for every batch size keeps the step graphs that write it to
+    one per batch size, as for untraced runs."""
 
     def __init__(self):
         self.ring: HiddenRing | None = None
@@ -165,7 +168,7 @@ class HeadTrace:
     """The hidden states of a run's recent steps (a device ring), the steps waiting for their heads'
     top-k and the pass in flight. Entries are indexed by step: -1 is the prefill, j AR step j's.
     With `graphs` (CUDA graphs) the ring is the engine's (`graph_ring`), which the captured steps
-    write themselves, and a full pass is one replay."""
+    write themselves, and a pass is one replay of the full pass's graph."""
 
     def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, topk: int, every: int, batch: int,
                  graphs: PassGraphs | None = None):

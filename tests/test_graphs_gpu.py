@@ -67,8 +67,8 @@ def test_graphed_traces_equal_eager_traces(eager):
 
 @QUICK
 def test_traced_ar_heads_passes_replayed_from_a_graph_equal_eager_ones(eager):
-    """On graphs a traced AR run's full heads passes (16 steps) replay one captured graph per batch
-    size (engine/head_trace.py, PassGraphs), which reads a ring kept from run to run: a batch whose
+    """On graphs a traced AR run's heads passes (16 steps, and the last, partial one) replay one captured graph
+    per batch size (engine/head_trace.py, PassGraphs), which reads a ring kept from run to run: a batch whose
     requests leave at different steps records the eager run's heads' top-k at every step, and so do
     a second run and a run after a stream closed with steps still waiting for their pass."""
     eng = engine.load("demo", device="cuda", dtype="float32", backend="triton")

@@ -246,7 +246,8 @@ def test_a_traced_ar_steps_verification_writes_the_ring_and_advances_its_slot():
     """A traced AR run's ring on the fused model (engine/head_trace.py, HiddenRing): greedy_accept puts each
     request's hidden state into the ring's slot and advances the slot, its count of finished programs back at 0,
     so the step's graph needs no launch of its own for it. Rows past the batch and the other slots stay as they
-    were. Five AR steps of 3 requests into a ring of 6 slots x 4 rows, from slot 1; then a ring too small."""
+    were. Five AR steps into a ring of 6 slots x 4 rows from slot 1, the batch going from 3 requests to 2 after the
+    third (requests leave); then a ring too small and one of another dtype, refused."""
     g = gen_of("ring")
     ring = HiddenRing(torch.randn(6, 4, 96, generator=g).to(F16).to(DEV), torch.ones(1, dtype=torch.long, device=DEV),
                       torch.zeros(1, dtype=torch.int32, device=DEV))
@@ -255,17 +256,21 @@ def test_a_traced_ar_steps_verification_writes_the_ring_and_advances_its_slot():
     lengths = torch.randint(3, 900, (3,), generator=g).to(DEV)
     root = torch.randint(0, 500, (3,), generator=g).to(DEV)
     for step in range(5):
-        logits = torch.randn(3, 1, 500, generator=g).to(F16).to(DEV)
-        hidden = torch.randn(3, 1, 96, generator=g).to(F16).to(DEV)
+        if step == 3:
+            lengths, root = lengths[:2].clone(), root[:2].clone()
+        b = root.shape[0]
+        logits = torch.randn(b, 1, 500, generator=g).to(F16).to(DEV)
+        hidden = torch.randn(b, 1, 96, generator=g).to(F16).to(DEV)
         acc = gs.greedy_accept(one_node, root[:, None], logits, hidden, lengths, root, ring=ring)
-        want[1 + step, :3] = hidden[:, 0]
+        want[1 + step, :b] = hidden[:, 0]
         assert acc.last_hidden is None
         assert int(ring.slot) == 2 + step and int(ring.count) == 0
         assert torch.equal(root, logits[:, 0].float().argmax(-1))
     assert torch.equal(ring.states, want)
-    small = HiddenRing(ring.states[:, :2].contiguous(), ring.slot, ring.count)
-    with pytest.raises(ValueError, match="ring .* does not hold 3 contiguous rows of 96"):
-        gs.greedy_accept(one_node, root[:, None], logits, hidden, lengths, root, ring=small)
+    for bad in (ring.states[:, :1].contiguous(), ring.states.float()):
+        with pytest.raises(ValueError, match="ring .* does not hold 2 contiguous rows of 96 torch.float16"):
+            gs.greedy_accept(one_node, root[:, None], logits, hidden, lengths, root,
+                             ring=HiddenRing(bad, ring.slot, ring.count))
 
 
 @pytest.mark.parametrize("n, dtype", [pytest.param(12, F32, marks=QUICK), (63, BF16),

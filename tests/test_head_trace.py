@@ -92,6 +92,23 @@ def test_steps_written_by_their_graph_get_the_heads_of_the_step_before(demo_engi
     assert graphs.ring is ring and ring.states.shape[1] == 4  # three rows and two share one ring of four
 
 
+def test_a_run_shorter_than_a_pass_replays_the_full_pass_and_never_reads_its_stale_rows(demo_engine, monkeypatch):
+    """A run of fewer steps than `every` has only a partial pass: it captures and replays the full pass, whose
+    rows of the slots past the run's entries come from stale states (here NaN) and are never handed out."""
+    heads, weight, topk = demo_engine.heads, demo_engine.model.lm_head.weight, 4
+    graphs = cpu_pass_graphs(monkeypatch)
+    gen = torch.Generator().manual_seed(5)
+    got, hidden, rows_at = run(graphs, heads, weight, topk, 16, {0: 4, 1: 2}, True, gen)
+    assert [evs[0].step for evs in got] == list(range(5))
+    assert_heads_of_the_step_before(got, hidden, rows_at, heads, weight, topk)
+    (full,) = graphs.passes.values()
+    assert full.graph.replays == 1
+    graphs.ring.states[8:].fill_(float("nan"))
+    got, hidden, rows_at = run(graphs, heads, weight, topk, 16, {0: 6, 1: 3}, False, gen)
+    assert_heads_of_the_step_before(got, hidden, rows_at, heads, weight, topk)
+    assert full.graph.replays == 2 and len(graphs.passes) == 1
+
+
 def test_a_larger_batch_makes_a_larger_ring_and_drops_the_passes_on_the_old_one(demo_engine, monkeypatch):
     heads, weight = demo_engine.heads, demo_engine.model.lm_head.weight
     graphs = cpu_pass_graphs(monkeypatch)
