@@ -46,6 +46,11 @@ host() { local dir=${DIR:-.} t=$SECONDS
   (cd $dir && PYTHONPATH=. timeout $(( $(left) < 90 ? $(left) - 5 : 90 )) python3 $ROOT/benchmarks/traced_host_profile.py \
     demo "$@" > $OUT/host_part.txt 2>&1); local rc=$?; cat $OUT/host_part.txt >> $OUT/host.txt
   echo "host $dir exit $rc $((SECONDS-t)) s"; grep -hE "^(ar|medusa) " $OUT/host_part.txt; }
+e2e() { local name=$1 dir=$2 t=$SECONDS  # the demo end to end, traced, from engine copy $dir -> $OUT/$name.json
+  (cd $dir && PYTHONPATH=. timeout $(( $(left) - 5 )) python3 -m engine bench --part e2e \
+    --prompts-file $ROOT/benchmarks/prompts/thirdparty_test.jsonl --prompts 12 --max-new-tokens 256 --no-stop-on-eos \
+    --rounds 4 --traced --no-transformers --trees demo_tuned,mc_sim_7b_63 > $OUT/$name.json 2> $OUT/$name.err)
+  echo "$name exit $? $((SECONDS-t)) s"; }
 part=${1:-1}
 if [ "$part" = 1 ]; then
   pytests _tail tail_tests.log 220 tests/test_kernels_gpu.py -m gpu_quick -k "skinny or split_k or tree_attention"
@@ -58,24 +63,15 @@ elif [ "$part" = 2 ]; then
   pytests . ring_tests.log 150 tests/test_greedy_step_gpu.py tests/test_graphs_gpu.py \
     -k "ring or one_node or traced or traces or dependent_launch"
   for i in 1 2; do DIR=_before host --rounds 5; DIR=. host --rounds 5; done
-  t=$SECONDS; timeout $(( $(left) - 5 )) python3 -m engine bench --part e2e --prompts-file \
-    benchmarks/prompts/thirdparty_test.jsonl --prompts 12 --max-new-tokens 256 --no-stop-on-eos --rounds 4 --traced \
-    --no-transformers --trees demo_tuned,mc_sim_7b_63 > $OUT/e2e_traced.json 2> $OUT/e2e_traced.err
-  echo "e2e exit $? $((SECONDS-t)) s"
+  e2e e2e_traced .
 elif [ "$part" = 3 ]; then
   for i in 1 2; do DIR=. host --rounds 5; DIR=_before host --rounds 5; done
-  for run in after:. before:_before; do name=${run%%:*} d=${run#*:} t=$SECONDS
-    (cd $d && PYTHONPATH=. timeout $(( $(left) - 5 )) python3 -m engine bench --part e2e \
-      --prompts-file $ROOT/benchmarks/prompts/thirdparty_test.jsonl --prompts 12 --max-new-tokens 256 --no-stop-on-eos \
-      --rounds 4 --traced --no-transformers --trees demo_tuned,mc_sim_7b_63 > $OUT/e2e_traced_$name.json 2> $OUT/e2e_$name.err)
-    echo "e2e $name exit $? $((SECONDS-t)) s"; done
+  e2e e2e_traced_after .
+  e2e e2e_traced_before _before
 elif [ "$part" = 4 ]; then
   pytests . graph_tests.log 170 tests/test_graphs_gpu.py -m gpu_quick -k "traced or traces"
   host --rounds 5
   host --rounds 9 --max-new-tokens 256 --every 32 --profile
-  t=$SECONDS; timeout $(( $(left) - 5 )) python3 -m engine bench --part e2e --prompts-file \
-    benchmarks/prompts/thirdparty_test.jsonl --prompts 12 --max-new-tokens 256 --no-stop-on-eos --rounds 4 --traced \
-    --no-transformers --trees demo_tuned,mc_sim_7b_63 > $OUT/e2e_traced.json 2> $OUT/e2e_traced.err
-  echo "e2e exit $? $((SECONDS-t)) s"
+  e2e e2e_traced .
 fi
 echo "total $((SECONDS-t0)) s"

@@ -7,7 +7,8 @@ round, the variants in turn and their order reversed every other round, so a dri
 (clocks, another process) falls on all of them alike. Printed: ms per step, the median and the best
 over the rounds, and each traced variant's median over the rounds of its time / the untraced run's in
 the same round. `--every` adds traced AR runs at each number of steps per heads pass (the engine's
-HEAD_TRACE_STEPS, replaced for the run). `--profile`: then one traced run of each mode under cProfile,
+HEAD_TRACE_STEPS, replaced for the run); each change of it between runs makes a new ring on the GPU and so
+captures new step and pass graphs, which then count in those runs' times. `--profile`: then one traced run of each mode under cProfile,
 its 22 largest functions by own time. On a GPU with CUDA graphs the host reads step N while the
 device runs step N+1, so host work per step beyond the device step's time is what tracing costs.
 """
