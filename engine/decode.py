@@ -28,9 +28,7 @@ from .heads import MedusaHeads
 from .kernels import greedy_step
 from .model import Transformer
 from .sampling import SamplingParams, sample, target_probs
-from .trace import StepEvent
-
-MICRO = 1_000_000  # traced probabilities travel as integers in millionths (traces keep 6 decimals)
+from .trace import MICRO, StepEvent
 
 
 @dataclass
@@ -297,13 +295,6 @@ def _tree_forward_fused(model: Transformer, heads: MedusaHeads, buf: TreeBuffers
     return StepTensors(acc.packed, t, k if trace else 0, buf.topk, trace)
 
 
-def head_topk_lists(fields: list[int], n: int, topk: int) -> list[list[tuple[int, float]]]:
-    """A row of head fields as the device packs them (`head_topk_fields`: n ids, then their n
-    probabilities in millionths, heads of `topk` in turn) -> per head its (token, probability) list."""
-    return [[(tok, p / MICRO) for tok, p in zip(fields[a: a + topk], fields[n + a: n + a + topk])]
-            for a in range(0, n, topk)]
-
-
 def finish_step(state: DecodeState, st: StepTensors, rows: list[list[int]] | None = None) -> list[StepEvent]:
     """Host side of a step: the one transfer (unless the caller already read the packed rows), the
     host lengths, and one StepEvent per request (its tokens not yet cut at EOS or the limit)."""
@@ -321,7 +312,8 @@ def finish_step(state: DecodeState, st: StepTensors, rows: list[list[int]] | Non
             ev.target_argmax_prob = [p / MICRO for p in f[2 * t : 3 * t]]
             ev.target_prob = [None if p < 0 else p / MICRO for p in f[3 * t : 4 * t]]
             ev.accept_prob = [None if p < 0 else p / MICRO for p in f[4 * t : 5 * t]]
-            ev.head_topk = head_topk_lists(f[5 * t:], k * topk, topk)
+            if k:
+                ev.head_fields, ev.topk = f[5 * t:], topk
         out.append(ev)
     return out
 

@@ -17,7 +17,7 @@ from .config import ModelLoadError
 from .decode import prefill
 from .detok import TokenTexts, decode
 from .generation import GenerationConfig, GenerationError
-from .graphs import StepGraphs
+from .graphs import STEPS_AHEAD, StepGraphs
 from .head_trace import HEAD_TRACE_STEPS, HeadTrace, PassGraphs
 from .heads import MedusaHeads
 from .loading import (
@@ -312,7 +312,8 @@ class Engine:
         head_trace = None
         if cfg.mode == "ar" and cfg.traced and cfg.trace_heads and self.heads is not None:
             head_trace = HeadTrace(self.heads, self.model.lm_head.weight, self.topk,
-                                   HEAD_TRACE_STEPS if graphed else 1, len(batch), self.head_passes if graphed else None)
+                                   HEAD_TRACE_STEPS if graphed else 1, len(batch), self.head_passes if graphed else None,
+                                   ahead=STEPS_AHEAD if graphed else 0)
         if graphed:  # a traced AR run's captured steps write their hidden states into the heads' ring
             runner = GraphRunner(self.graphs, heads, buf, choices, trace_topk, head_trace and head_trace.graph_ring)
         else:

@@ -10,9 +10,10 @@ tensors this module owns; an AR step traced with the heads' top-k also writes it
 the engine's `head_trace.HiddenRing`. Lengths come from device tensors, so one graph serves every prefix length:
 the triton kernel (and FlashAttention-4's, through seqused_k) sizes its work from them, and for the
 sdpa backend (which reads every slot it is given) graphs are captured per span bucket of
-SDPA_BUCKET slots. The host reads only the packed step after each replay, through one of two
-pinned buffers: `launch` queues a step and its copy without waiting, `collect` waits for that step
-alone, so the session can queue step N+1 before it reads step N (docs/algorithm.md).
+SDPA_BUCKET slots. The host reads only the packed step after each replay, through one of
+STEPS_AHEAD + 1 pinned buffers: `launch` queues a step and its copy without waiting, `collect` waits
+for that step alone, so the session can queue steps N+1 .. N+STEPS_AHEAD before it reads step N
+(docs/algorithm.md).
 
 A graph holds raw addresses: of the weights, of the KV cache, of its TreeBuffers (kept here) and of
 its static state. So graphs are dropped whenever the model's cache tensors change (a new, larger
@@ -41,6 +42,9 @@ from .trace import StepEvent
 GREEDY = SamplingParams()
 WARMUP_STEPS = 2  # eager runs on a side stream before capture (Triton compiles, cuBLAS picks kernels)
 SDPA_BUCKET = 512
+# steps the session may queue beyond the one it reads next: the GPU then has that many steps of work
+# when the host's work for one step runs long (a collection, a traced AR run's heads pass)
+STEPS_AHEAD = 2
 
 
 @dataclass
@@ -49,10 +53,10 @@ class _Captured:
     state: DecodeState  # static inputs and outputs: lengths [B], root [B], head_logits [B, K, V] (for the
     # fused tree step, a view of a [K, B, V] buffer in the model's dtype, which the step writes in place)
     out: StepTensors  # static outputs of the last replay
-    host: tuple[torch.Tensor, torch.Tensor]  # two pinned copies of out.packed, used in turn
+    host: tuple[torch.Tensor, ...]  # STEPS_AHEAD + 1 pinned copies of out.packed, used in turn
     # the events that mark each copy's end, used in the same turn: a new event per step would cost the host an
     # event's creation and destruction each step, where a demo-sized step waits for its host
-    done: tuple[torch.cuda.Event, torch.cuda.Event]
+    done: tuple[torch.cuda.Event, ...]
     turn: int = 0
 
 
@@ -113,7 +117,7 @@ class StepGraphs:
                trace_topk: int = 0, ahead: int = 0, ring: HiddenRing | None = None) -> Pending:
         """Queue one step and the copy of its packed result; returns at once. `state`'s device
         tensors become the graph's, so a second launch continues from this one without the host
-        (`ahead`: tokens the step still in flight may add, for the sdpa span). tree_key: `tree_key(choices)`.
+        (`ahead`: tokens the steps still in flight may add, for the sdpa span). tree_key: `tree_key(choices)`.
         ring: an AR step writes its hidden state into it (a traced AR run's heads, engine/head_trace.py)."""
         cache = self.model.cache
         cache_key = (cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape))
@@ -132,7 +136,7 @@ class StepGraphs:
         if state.lengths is not s.lengths:  # the caller's state came from prefill or another graph
             s.copy_(state)
         g.graph.replay()
-        g.turn ^= 1
+        g.turn = (g.turn + 1) % len(g.host)
         host, done = g.host[g.turn], g.done[g.turn]
         host.copy_(g.out.packed, non_blocking=True)
         done.record()
@@ -181,5 +185,6 @@ class StepGraphs:
             self.pool = torch.cuda.graph_pool_handle()
         graph, out = capture(body, WARMUP_STEPS, self.pool, undo)
         self.captures += 1
-        host = tuple(torch.empty(out.packed.shape, dtype=out.packed.dtype, pin_memory=True) for _ in range(2))
-        return _Captured(graph, static, out, host, (torch.cuda.Event(), torch.cuda.Event()))
+        host = tuple(torch.empty(out.packed.shape, dtype=out.packed.dtype, pin_memory=True)
+                     for _ in range(STEPS_AHEAD + 1))
+        return _Captured(graph, static, out, host, tuple(torch.cuda.Event() for _ in host))

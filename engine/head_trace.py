@@ -19,7 +19,7 @@ its top-k travels to pinned host memory, and once its event has passed (`hold` l
 waiting) its fields are read to the host in one copy. `hold` then fills and hands back one step a
 call, one per step the session reads, so the host's work per step (the fill, the trace line, the
 consumer's) still overlaps a queued step, as in an untraced run. Filled all at once, a pass's
-steps were one lump of host work at one step, where the GPU, queued one step ahead, could run dry.
+steps were one lump of host work at one step, where the GPU, queued a step or two ahead, could run dry.
 With `every` > 1 a step therefore reaches the stream `every` to 2 x `every` steps after it ran: the
 engine uses 16 on CUDA graphs (5-10 ms at the demo's size, 0.1-0.2 s at the 7B shape) and 1 for
 the eager runner (on the CPU the pass runs at once; on CUDA, with tensor parallelism or a sampled
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from .cudagraph import capture
-from .decode import head_topk_fields, head_topk_lists, micro
+from .decode import head_topk_fields, micro
 from .heads import MedusaHeads
 from .kernels import greedy_step
 from .trace import StepEvent
@@ -171,12 +171,12 @@ class HeadTrace:
     write themselves, and a pass is one replay of the full pass's graph."""
 
     def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, topk: int, every: int, batch: int,
-                 graphs: PassGraphs | None = None):
+                 graphs: PassGraphs | None = None, ahead: int = 1):
         if every < 1:
             raise ValueError(f"every must be at least 1 step, not {every}")
         self.heads, self.lm_head_weight, self.topk, self.every = heads, lm_head_weight, topk, every
-        # the waiting steps' `every` entries, the newest step's and one step queued ahead of it
-        self.slots, self.batch, self.graphs = every + 2, batch, graphs
+        # the waiting steps' `every` entries, the newest step's and those of the `ahead` steps queued after it
+        self.slots, self.batch, self.graphs = every + 1 + ahead, batch, graphs
         self.graph_ring = graphs.ring_for(self.slots, batch, lm_head_weight) if graphs is not None else None
         # without graphs the ring is made at the first save (the prefill's gives the hidden size)
         self.ring = self.graph_ring.states[:, :batch] if self.graph_ring is not None else None
@@ -211,9 +211,9 @@ class HeadTrace:
     def hold(self, step: int, events: list[StepEvent]) -> list[list[StepEvent]]:
         """Take step `step`'s events; -> the oldest step whose fields have arrived, filled (none if
         none has), without waiting for the GPU (unless a full batch of steps finds the previous pass
-        still in flight). One step a call, as steps come in: filling a whole pass at once (40 tuples
-        an event at the demo's 4 heads x 10) is a lump of host work at one step, long enough for the
-        GPU, one step ahead, to run out of queued work there."""
+        still in flight). One step a call, as steps come in: a whole pass handed out at once is a lump
+        of host work at one step (each step's trace line, 40 head candidates an event at the demo's 4
+        heads x 10), long enough for the GPU, a step or two ahead, to run out of queued work there."""
         if events:
             self.waiting.append((step, events))
         self._read(wait=False)
@@ -280,11 +280,10 @@ class HeadTrace:
 
     def _fill(self, most: int) -> list[list[StepEvent]]:
         """Up to `most` of the oldest arrived steps, their events' heads' top-k filled."""
-        n = self.heads.num_heads * self.topk
         done = []
         for _ in range(min(most, len(self.arrived))):
             events, fields = self.arrived.popleft()
             for ev, f in zip(events, fields):
-                ev.head_topk = head_topk_lists(f, n, self.topk)
+                ev.head_fields, ev.topk = f, self.topk  # the trace line reads them as they are
             done.append(events)
         return done

@@ -3,8 +3,8 @@
 `Session.run` is the loop the engine's generate/stream share; each part it calls has one job:
   runner     EagerRunner (any device, any acceptance) or GraphRunner (CUDA graphs, greedy), one
              `launch(state)` / `collect(handle, state)` interface returning one StepEvent per
-             request; a GraphRunner may queue step N+1 before the host reads step N, so host work
-             overlaps the GPU's
+             request; a GraphRunner may queue steps N+1 .. N+2 before the host reads step N, so
+             host work overlaps the GPU's
   Request    one prompt's output: cuts at EOS and the token limit, text through the detokeniser
   trace      traced runs give each StepEvent the run's TraceContext and write its line
              (engine/trace.py: the record and its JSON are one thing); a traced AR run's heads'
@@ -30,7 +30,7 @@ from .accept import Rule
 from .decode import DecodeState, ar_forward, finish_step, prefill, tree_forward
 from .detok import IncrementalDetokenizer
 from .generation import GenerationConfig
-from .graphs import StepGraphs
+from .graphs import STEPS_AHEAD, StepGraphs
 from .head_trace import HeadTrace, HiddenRing
 from .heads import MedusaHeads
 from .model import Transformer
@@ -93,9 +93,9 @@ class EagerRunner:
 
 
 class GraphRunner:
-    """Greedy steps replayed from CUDA graphs (engine/graphs.py); may queue one step ahead."""
+    """Greedy steps replayed from CUDA graphs (engine/graphs.py); may queue `STEPS_AHEAD` steps ahead."""
 
-    ahead = True
+    ahead = STEPS_AHEAD
 
     def __init__(self, graphs: StepGraphs, heads: MedusaHeads | None, buf: TreeBuffers | None, choices, trace_topk: int,
                  ring: HiddenRing | None = None):
@@ -112,8 +112,8 @@ class GraphRunner:
 class StepClock:
     """Each step's wall time, forward included: from the moment the step could start to the moment
     its result was read. A step launched after the previous one was read (the eager runner) starts at
-    its launch, so its forward counts; a step queued before the previous read (the graph runner, one
-    step ahead) starts when that read ended, so the two never share time. Time the caller of the
+    its launch, so its forward counts; a step queued before the previous read (the graph runner, which
+    queues ahead) starts when that read ended, so the two never share time. Time the caller of the
     stream spends between steps is the caller's, not a step's. Summed over a run, the steps' times
     are the run's wall time less prefill and the caller's time.
 
@@ -176,18 +176,18 @@ class Session:
         if self.head_trace is not None:
             self.head_trace.save(-1, state.hidden, rows)
         launches = itertools.count()
-        inflight = self._launch(state, rows, next(launches))
+        inflight = collections.deque([self._launch(state, rows, next(launches))])  # launched, not yet read
         try:
             for step in itertools.count():
-                handle, rows, launched = inflight
-                inflight = None
-                if self.runner.ahead and not self._may_end(rows):  # queue step N+1 before reading step N
-                    inflight = self._launch(state, rows, next(launches), self.per_step)
+                handle, rows, launched = inflight.popleft()
+                # queue steps N+1 .. N+ahead before reading step N, unless a step not yet read may end a request
+                while len(inflight) < self.runner.ahead and not self._may_end(rows, 1 + len(inflight)):
+                    inflight.append(self._launch(state, rows, next(launches), self.per_step * (1 + len(inflight))))
                 prefix = list(state.host_lengths)
                 results = self.runner.collect(handle, state)
                 ms = clock.read(launched)
-                # a request that ended at step N is still in the batch of a step N+1 queued before that
-                # was known: its row of that step is dropped here
+                # a request that ended at step N is still in the batch of the steps queued before that was
+                # known: its rows of those steps are dropped here
                 events = [self._event(step, self.requests[req], ev, prefix[row], ms)
                           for row, (req, ev) in enumerate(zip(rows, results)) if self.requests[req].finish is None]
                 live = [i for i, req in enumerate(rows) if self.requests[req].finish is None]
@@ -197,18 +197,19 @@ class Session:
                     clock.caller_took(clock.now() - handed)
                 if not live:
                     return
-                if inflight is None:
+                if not inflight:
                     if len(live) < len(rows):  # finished requests leave the batch (nothing is in flight)
                         state.keep(live)
                         self.model.cache.keep_rows(torch.tensor(live, device=state.root.device))
                         rows = [rows[i] for i in live]
-                    inflight = self._launch(state, rows, next(launches))
+                    inflight.append(self._launch(state, rows, next(launches)))
         finally:
-            if inflight is not None and hasattr(inflight[0], "done"):  # a step queued past the end
-                inflight[0].done.synchronize()
+            if inflight and hasattr(inflight[-1][0], "done"):  # steps queued past the end
+                inflight[-1][0].done.synchronize()
 
     def _launch(self, state: DecodeState, rows: list[int], step: int, ahead: int = 0) -> tuple:
-        """Launch step `step` (the eager runner runs it here, forward included) -> (handle, rows, launch time)."""
+        """Launch step `step` (the eager runner runs it here, forward included; `ahead`: tokens the steps
+        launched before it and not yet read may still add) -> (handle, rows, launch time)."""
         launched = self.clock.now()
         handle = self.runner.launch(state, ahead)
         if self.head_trace is not None:  # queued right behind the step, before a later step reuses its buffers
@@ -239,10 +240,10 @@ class Session:
         if self.writer is not None:
             self.writer.close()
 
-    def _may_end(self, rows: list[int]) -> bool:
-        """Could the step in flight end a request (so the batch may change)? By the token limit, or
-        a request has already ended."""
-        return any(r.finish is not None or r.max_new - len(r.tokens) <= self.per_step
+    def _may_end(self, rows: list[int], unread: int) -> bool:
+        """Could the `unread` steps launched and not yet read end a request (so the batch may change)?
+        By the token limit, or a request has already ended."""
+        return any(r.finish is not None or r.max_new - len(r.tokens) <= self.per_step * unread
                    for r in (self.requests[i] for i in rows))
 
     def _event(self, step: int, req: Request, ev: StepEvent, prefix_len: int, ms: float) -> StepEvent:

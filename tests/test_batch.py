@@ -5,8 +5,11 @@ import torch
 from conftest import VOCAB, make_hf_model, oracle_heads, oracle_steps, random_heads_sd
 
 import engine
+import engine.engine
 import trees
+from engine.decode import ar_forward, tree_forward
 from engine.prompts import heldout_prompts
+from engine.session import EagerRunner, root_params
 
 
 @pytest.fixture(scope="module", params=[("llama", 4), ("llama", 1), ("qwen2", 2)], ids=["mha", "gqa4", "qwen2"])
@@ -62,6 +65,76 @@ def test_requests_that_stop_at_different_steps_leave_the_batch(eng):
     assert [r.token_ids for r in together] == [r.token_ids for r in singles] == [r.token_ids for r in ar]
     lengths = {len(r.token_ids) for r in together}
     assert len(lengths) > 1 and any(r.finish_reason == "eos" for r in together)
+
+
+class QueuedEagerRunner(EagerRunner):
+    """The eager runner queued the way GraphRunner is, `queue` steps beyond the one the session reads:
+    a launch runs its step at once from the device state the launch before it left, while the host's
+    lengths lag by the steps not yet read, so the span a step reads (sdpa reads every slot it is given)
+    must come from the session's `ahead`, as a graph's does."""
+
+    def __init__(self, *args, queue: int):
+        super().__init__(*args)
+        self.ahead = queue
+
+    def launch(self, state, ahead: int = 0):
+        nodes = self.buf.num_nodes if self.buf is not None else 1
+        span = min(max(state.host_lengths) + ahead + nodes, self.model.cache.capacity)
+        if self.buf is not None:
+            return tree_forward(self.model, self.heads, self.buf, state, self.rule, self.params, self.gen, span=span,
+                                trace=bool(self.trace_topk))
+        return ar_forward(self.model, state, root_params(self.rule, self.params), self.gen, span=span,
+                          trace_topk=self.trace_topk)
+
+
+@pytest.mark.parametrize("queue", [1, 2, 3])
+@pytest.mark.parametrize("mode,tree", [("ar", None), ("medusa", "mc_sim_7b_63")])
+def test_steps_queued_ahead_of_the_read_decode_as_steps_read_in_turn(eng, monkeypatch, mode, tree, queue):
+    """engine/session.py queues up to `runner.ahead` steps before it reads one (CUDA graphs: 2): requests
+    that end at EOS or at the token limit while later steps are queued drop those steps' rows, the batch
+    shrinks only once nothing is queued, and every step's tokens, prefix and trace are those of a run
+    that reads each step before launching the next."""
+    batch = prompts([7, 3, 11, 5], seed=4)
+    free = [eng.generate(p, 33, mode="ar").token_ids for p in batch]
+    eng.eos_ids = {free[0][4], free[2][20]}
+    try:
+        want = eng.generate(batch, 33, mode=mode, tree=tree, trace=True, trace_heads=False)
+        monkeypatch.setattr(engine.engine, "EagerRunner", lambda *a: QueuedEagerRunner(*a, queue=queue))
+        got = eng.generate(batch, 33, mode=mode, tree=tree, trace=True, trace_heads=False)
+    finally:
+        eng.eos_ids = set()
+    assert len({len(r.token_ids) for r in got}) > 1 and "eos" in {r.finish_reason for r in got}
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    for a, b in zip(got, want):
+        assert len(a.traces) == len(b.traces) == a.steps
+        for ta, tb in zip(a.traces, b.traces):
+            del ta["step_ms"], tb["step_ms"]
+            # a step may run in a larger batch or over a longer span: probabilities may round to the next millionth
+            assert close(ta, tb), (ta["request"], ta["step"])
+
+
+@pytest.mark.parametrize("queue", [2, 3])
+def test_steps_queued_ahead_stop_at_the_token_limit_of_a_full_cache(tmp_path, monkeypatch, queue):
+    """A queued step may run only if every step before it leaves its requests short of their limit: near
+    the end of the cache a step past the limit would write K/V past it."""
+    make_hf_model(tmp_path, "llama", n_kv=2, ctx=64)
+    e = engine.load(tmp_path, heads=random_heads_sd(), device="cpu")
+    batch = prompts([30, 4, 50])
+    want = [r.token_ids for r in e.generate(batch, 14, mode="ar")]
+    monkeypatch.setattr(engine.engine, "EagerRunner", lambda *a: QueuedEagerRunner(*a, queue=queue))
+    assert [r.token_ids for r in e.generate(batch, 14, mode="ar")] == want
+    assert [r.token_ids for r in e.generate(batch, 14, mode="medusa", tree="mc_sim_7b_63")] == want
+
+
+def close(a, b) -> bool:
+    """Equal, floats to within 1.5 millionths."""
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= 1.5e-6
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 def test_batch_near_the_cache_limit(tmp_path):

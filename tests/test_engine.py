@@ -242,7 +242,8 @@ def test_an_ar_trace_gets_each_steps_head_top_k_from_the_hidden_state_before_it(
     from engine.head_trace import HeadTrace
 
     _, eng = model_pair
-    monkeypatch.setattr(engine.engine, "HeadTrace", lambda heads, w, topk, _every, batch, _graphs: HeadTrace(heads, w, topk, every, batch))
+    monkeypatch.setattr(engine.engine, "HeadTrace", lambda heads, w, topk, _every, batch, _graphs, ahead:
+                        HeadTrace(heads, w, topk, every, batch, ahead=ahead))
     prompts = [prompt(5), prompt(6, 4), prompt(7, 14)]
     plain = eng.generate(prompts, 15, mode="ar", stop_on_eos=False)
     # an end-of-sequence token that makes requests leave the batch at different steps, where the
