@@ -306,14 +306,14 @@ def finish_step(state: DecodeState, st: StepTensors, rows: list[list[int]] | Non
         w = (len(row) - 1 - (trace_width(t, k, topk) if st.traced else 0)) // 2
         state.host_lengths[r] += kept
         ev = StepEvent(row[1 + w : 1 + w + kept], row[1 : 1 + kept])
-        if st.traced:
-            f = row[1 + 2 * w :]
-            ev.node_tokens, ev.target_argmax = f[:t], f[t : 2 * t]
-            ev.target_argmax_prob = [p / MICRO for p in f[2 * t : 3 * t]]
-            ev.target_prob = [None if p < 0 else p / MICRO for p in f[3 * t : 4 * t]]
-            ev.accept_prob = [None if p < 0 else p / MICRO for p in f[4 * t : 5 * t]]
+        if st.traced:  # the trace's fields from column o on, each sliced from the row (a 64-node row is some 400 long)
+            o = 1 + 2 * w
+            ev.node_tokens, ev.target_argmax = row[o: o + t], row[o + t: o + 2 * t]
+            ev.target_argmax_prob = [p / MICRO for p in row[o + 2 * t: o + 3 * t]]
+            ev.target_prob = [None if p < 0 else p / MICRO for p in row[o + 3 * t: o + 4 * t]]
+            ev.accept_prob = [None if p < 0 else p / MICRO for p in row[o + 4 * t: o + 5 * t]]
             if k:
-                ev.head_fields, ev.topk = f[5 * t:], topk
+                ev.head_fields, ev.topk = row[o + 5 * t:], topk
         out.append(ev)
     return out
 
