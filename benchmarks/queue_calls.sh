@@ -6,8 +6,10 @@
 #             session's engine queueing one step ahead, as before)
 #   bash benchmarks/queue_calls.sh 1   the graph tests of queued, traced and batched runs and the ring's kernel test;
 #                                      the demo's traced and untraced runs (traced_host_profile.py --waits, 256
-#                                      tokens, rounds in turn) from ., _one and _before, then again in reverse order
-#   bash benchmarks/queue_calls.sh 2   the demo end to end, traced, from . and _before, then . again
+#                                      tokens, rounds in turn) from ., _one and _before; the demo end to end, traced,
+#                                      from . and _before; the traced runs again in reverse order (as time allows)
+#   bash benchmarks/queue_calls.sh 2   the demo end to end, traced, from _before and .; the traced runs from . and
+#                                      _before
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
@@ -32,12 +34,15 @@ e2e() { local name=$1 dir=$2 t=$SECONDS
   echo "$name exit $? $((SECONDS-t)) s"; }
 part=${1:-1}
 if [ "$part" = 1 ]; then
-  pytests queue_tests.log 200 tests/test_graphs_gpu.py tests/test_greedy_step_gpu.py \
+  pytests queue_tests.log 170 tests/test_graphs_gpu.py tests/test_greedy_step_gpu.py \
     -k "queued or leaving or traced or traces or heads_passes or ring"
-  for d in . _one _before _before _one .; do host $d --rounds 5 --max-new-tokens 256 --waits; done
-elif [ "$part" = 2 ]; then
+  for d in . _one _before; do host $d --rounds 5 --max-new-tokens 256 --waits; done
   e2e e2e_traced .
   e2e e2e_traced_before _before
-  e2e e2e_traced_again .
+  for d in _before _one .; do host $d --rounds 5 --max-new-tokens 256 --waits; done
+elif [ "$part" = 2 ]; then
+  e2e e2e_traced_before_2 _before
+  e2e e2e_traced_2 .
+  for d in . _before; do host $d --rounds 5 --max-new-tokens 256 --waits; done
 fi
 echo "total $((SECONDS-t0)) s"
