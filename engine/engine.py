@@ -17,7 +17,7 @@ from .config import ModelLoadError
 from .decode import prefill
 from .detok import TokenTexts, decode
 from .generation import GenerationConfig, GenerationError
-from .graphs import STEPS_AHEAD, StepGraphs
+from .graphs import StepGraphs
 from .head_trace import HEAD_TRACE_STEPS, HeadTrace, PassGraphs
 from .heads import MedusaHeads
 from .loading import (
@@ -308,16 +308,18 @@ class Engine:
         heads = self.heads if cfg.mode == "medusa" else None
         trace_topk = self.topk if cfg.traced else 0
         graphed = self.graphs is not None and StepGraphs.usable(self.model, rule, cfg.mode)
+        if graphed:
+            runner = GraphRunner(self.graphs, heads, buf, choices, trace_topk)
+        else:
+            runner = EagerRunner(self.model, heads, buf, rule, params, gen, trace_topk)
         # an AR trace with the heads' top-k (it feeds the head statistics) runs them outside the steps
         head_trace = None
         if cfg.mode == "ar" and cfg.traced and cfg.trace_heads and self.heads is not None:
             head_trace = HeadTrace(self.heads, self.model.lm_head.weight, self.topk,
                                    HEAD_TRACE_STEPS if graphed else 1, len(batch), self.head_passes if graphed else None,
-                                   ahead=STEPS_AHEAD if graphed else 0)
-        if graphed:  # a traced AR run's captured steps write their hidden states into the heads' ring
-            runner = GraphRunner(self.graphs, heads, buf, choices, trace_topk, head_trace and head_trace.graph_ring)
-        else:
-            runner = EagerRunner(self.model, heads, buf, rule, params, gen, trace_topk)
+                                   ahead=runner.ahead)  # its ring also holds the steps the runner queues
+            if graphed:  # a traced AR run's captured steps write their hidden states into the heads' ring
+                runner.ring = head_trace.graph_ring
         trace = writer = None
         if cfg.traced:
             if cfg.trace_file:

@@ -42,9 +42,10 @@ from .trace import StepEvent
 GREEDY = SamplingParams()
 WARMUP_STEPS = 2  # eager runs on a side stream before capture (Triton compiles, cuBLAS picks kernels)
 SDPA_BUCKET = 512
-# steps the session may queue beyond the one it reads next: the GPU then has that many steps of work
-# when the host's work for one step runs long (a collection, a traced AR run's heads pass)
-STEPS_AHEAD = 2
+# steps the session queues beyond the one it reads next, each with its own pinned copy. Two were measured
+# on the demo model (benchmarks/README.md, twenty-fourth session) and gained nothing: there an untraced
+# run waits for the GPU at every step and a traced AR run is bound by the host's work
+STEPS_AHEAD = 1
 
 
 @dataclass
@@ -93,7 +94,7 @@ class StepGraphs:
 
     def span(self, state: DecodeState, nodes: int, ahead: int) -> int:
         """Cache slots a captured step reads: the whole cache where the kernel reads live lengths
-        (READS_LIVE_LENGTH), else the live prefix (plus a step still in flight and this step's block)
+        (READS_LIVE_LENGTH), else the live prefix (plus the steps still in flight and this step's block)
         rounded up to a bucket."""
         cap = self.model.cache.capacity
         if self.model.backend in READS_LIVE_LENGTH:

@@ -19,13 +19,13 @@ its top-k travels to pinned host memory, and once its event has passed (`hold` l
 waiting) its fields are read to the host in one copy. `hold` then fills and hands back one step a
 call, one per step the session reads, so the host's work per step (the fill, the trace line, the
 consumer's) still overlaps a queued step, as in an untraced run. Filled all at once, a pass's
-steps were one lump of host work at one step, where the GPU, queued a step or two ahead, could run dry.
+steps were one lump of host work at one step, where the GPU, queued a step ahead, could run dry.
 With `every` > 1 a step therefore reaches the stream `every` to 2 x `every` steps after it ran: the
 engine uses 16 on CUDA graphs (5-10 ms at the demo's size, 0.1-0.2 s at the 7B shape) and 1 for
 the eager runner (on the CPU the pass runs at once; on CUDA, with tensor parallelism or a sampled
 AR run, a step is handed out a step late). A stream closed early hands out (and writes) only the
 steps handed out by then: a workbench job cut at its deadline drops those still waiting, though
-they ran (up to 32 steps).
+they ran (up to 32 steps, and those queued past the last read).
 
 Step s's head fields come from the hidden state before it (the prompt's last token for step 0), as
 when the step ran the heads. A pass's host time counts in the `step_ms` of the step read just before
@@ -171,7 +171,7 @@ class HeadTrace:
     write themselves, and a pass is one replay of the full pass's graph."""
 
     def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, topk: int, every: int, batch: int,
-                 graphs: PassGraphs | None = None, ahead: int = 1):
+                 graphs: PassGraphs | None = None, ahead: int = 0):
         if every < 1:
             raise ValueError(f"every must be at least 1 step, not {every}")
         self.heads, self.lm_head_weight, self.topk, self.every = heads, lm_head_weight, topk, every
@@ -213,7 +213,7 @@ class HeadTrace:
         none has), without waiting for the GPU (unless a full batch of steps finds the previous pass
         still in flight). One step a call, as steps come in: a whole pass handed out at once is a lump
         of host work at one step (each step's trace line, 40 head candidates an event at the demo's 4
-        heads x 10), long enough for the GPU, a step or two ahead, to run out of queued work there."""
+        heads x 10), long enough for the GPU, a step ahead, to run out of queued work there."""
         if events:
             self.waiting.append((step, events))
         self._read(wait=False)

@@ -3,8 +3,8 @@
 `Session.run` is the loop the engine's generate/stream share; each part it calls has one job:
   runner     EagerRunner (any device, any acceptance) or GraphRunner (CUDA graphs, greedy), one
              `launch(state)` / `collect(handle, state)` interface returning one StepEvent per
-             request; a GraphRunner may queue steps N+1 .. N+2 before the host reads step N, so
-             host work overlaps the GPU's
+             request; a GraphRunner may queue step N+1 (graphs.STEPS_AHEAD steps) before the host
+             reads step N, so host work overlaps the GPU's
   Request    one prompt's output: cuts at EOS and the token limit, text through the detokeniser
   trace      traced runs give each StepEvent the run's TraceContext and write its line
              (engine/trace.py: the record and its JSON are one thing); a traced AR run's heads'
@@ -74,7 +74,7 @@ class Request:
 class EagerRunner:
     """Steps launched op by op: any device, any acceptance rule. Never runs ahead."""
 
-    ahead = False
+    ahead = 0  # steps it may have launched beyond the one the session reads next
 
     def __init__(self, model: Transformer, heads: MedusaHeads | None, buf: TreeBuffers | None, rule: Rule,
                  params: SamplingParams, gen: torch.Generator | None, trace_topk: int):
@@ -97,9 +97,9 @@ class GraphRunner:
 
     ahead = STEPS_AHEAD
 
-    def __init__(self, graphs: StepGraphs, heads: MedusaHeads | None, buf: TreeBuffers | None, choices, trace_topk: int,
-                 ring: HiddenRing | None = None):
-        self.graphs, self.heads, self.buf, self.trace_topk, self.ring = graphs, heads, buf, trace_topk, ring
+    def __init__(self, graphs: StepGraphs, heads: MedusaHeads | None, buf: TreeBuffers | None, choices, trace_topk: int):
+        self.graphs, self.heads, self.buf, self.trace_topk = graphs, heads, buf, trace_topk
+        self.ring: HiddenRing | None = None  # a traced AR run's: its steps write their hidden states into it
         self.tree_key = StepGraphs.tree_key(choices if buf is not None else None)
 
     def launch(self, state: DecodeState, ahead: int = 0):

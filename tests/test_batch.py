@@ -8,8 +8,9 @@ import engine
 import engine.engine
 import trees
 from engine.decode import ar_forward, tree_forward
+from engine.head_trace import HeadTrace
 from engine.prompts import heldout_prompts
-from engine.session import EagerRunner, root_params
+from engine.session import EagerRunner, Session, root_params
 
 
 @pytest.fixture(scope="module", params=[("llama", 4), ("llama", 1), ("qwen2", 2)], ids=["mha", "gqa4", "qwen2"])
@@ -90,7 +91,7 @@ class QueuedEagerRunner(EagerRunner):
 @pytest.mark.parametrize("queue", [1, 2, 3])
 @pytest.mark.parametrize("mode,tree", [("ar", None), ("medusa", "mc_sim_7b_63")])
 def test_steps_queued_ahead_of_the_read_decode_as_steps_read_in_turn(eng, monkeypatch, mode, tree, queue):
-    """engine/session.py queues up to `runner.ahead` steps before it reads one (CUDA graphs: 2): requests
+    """engine/session.py queues up to `runner.ahead` steps before it reads one (graphs.STEPS_AHEAD): requests
     that end at EOS or at the token limit while later steps are queued drop those steps' rows, the batch
     shrinks only once nothing is queued, and every step's tokens, prefix and trace are those of a run
     that reads each step before launching the next."""
@@ -164,3 +165,57 @@ def test_demo_batch_accepts_long_paths_and_matches_single(demo_engine):
     ar = [demo_engine.generate(p, 48, mode="ar").token_ids for p in batch]
     assert [r.token_ids for r in together] == [r.token_ids for r in singles] == ar
     assert sum(r.new_tokens for r in together) / sum(r.steps for r in together) > 1.6
+
+
+@pytest.mark.parametrize("queue", [1, 2, 3])
+@pytest.mark.parametrize("mode,tree", [("ar", None), ("medusa", "mc_sim_7b_63")])
+def test_queued_steps_never_launch_past_the_token_limit(eng, monkeypatch, mode, tree, queue):
+    """Without EOS a request ends only at its token limit, which `_may_end` sees coming: a queued run
+    launches no step the sequential run does not, and no launch starts a request's row further into
+    the cache than the sequential run's last step did (a step past the limit writes K/V past it)."""
+    batch = prompts([7, 3, 11, 5], seed=4)
+    launched = []
+    real = Session._launch
+
+    def recording(self, state, rows, step, ahead=0):
+        launched.append({req: state.lengths[i].item() - len(batch[req]) for i, req in enumerate(rows)})
+        return real(self, state, rows, step, ahead)
+
+    monkeypatch.setattr(Session, "_launch", recording)
+    want = eng.generate(batch, 17, mode=mode, tree=tree)
+    seq = list(launched)
+    launched.clear()
+    monkeypatch.setattr(engine.engine, "EagerRunner", lambda *a: QueuedEagerRunner(*a, queue=queue))
+    got = eng.generate(batch, 17, mode=mode, tree=tree)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    assert len(launched) == len(seq) == max(r.steps for r in got)
+    for req in range(len(batch)):
+        assert max(at[req] for at in launched if req in at) == max(at[req] for at in seq if req in at), req
+
+
+@pytest.mark.parametrize("queue", [1, 2])
+@pytest.mark.parametrize("every", [1, 3])
+def test_queued_traced_ar_steps_get_the_heads_of_the_step_before(eng, monkeypatch, every, queue):
+    """The session's heads trace (engine/head_trace.py) with steps queued as on CUDA graphs, its ring sized
+    for them: requests end (EOS, limit) while steps are queued, passes fall between queued steps, and
+    every trace line, head_topk included, is the sequential run's."""
+    batch = prompts([7, 3, 11, 5], seed=4)
+    free = [eng.generate(p, 23, mode="ar").token_ids for p in batch]
+    eng.eos_ids = {free[0][4], free[2][14]}
+    try:
+        monkeypatch.setattr(engine.engine, "HeadTrace", lambda heads, w, topk, _every, b, _graphs, ahead:
+                            HeadTrace(heads, w, topk, every, b, ahead=ahead))
+        want = eng.generate(batch, 23, mode="ar", trace=True)
+        monkeypatch.setattr(engine.engine, "EagerRunner", lambda *a: QueuedEagerRunner(*a, queue=queue))
+        monkeypatch.setattr(engine.engine, "HeadTrace", lambda heads, w, topk, _every, b, _graphs, ahead:
+                            HeadTrace(heads, w, topk, every, b, ahead=queue))
+        got = eng.generate(batch, 23, mode="ar", trace=True)
+    finally:
+        eng.eos_ids = set()
+    assert "eos" in {r.finish_reason for r in got}
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    for a, b in zip(got, want):
+        assert len(a.traces) == len(b.traces) == a.steps
+        for ta, tb in zip(a.traces, b.traces):
+            del ta["step_ms"], tb["step_ms"]
+            assert "head_topk" in ta and close(ta, tb), (ta["request"], ta["step"])

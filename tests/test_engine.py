@@ -426,3 +426,16 @@ def test_cache_is_sized_to_the_request_not_the_context(tmp_path):
     assert eng.model.cache.capacity == 256  # 10 + 20 + 64 nodes, rounded up to 256; the context is 4096
     eng.generate(prompt(1, 10), 600, mode="ar")
     assert eng.model.cache.capacity == 768
+
+
+@pytest.mark.parametrize("mode,tree", [("ar", None), ("medusa", "mc_sim_7b_63")])
+def test_every_head_candidate_in_a_trace_carries_its_own_tokens_text(model_pair, mode, tree):
+    """StepEvent.to_json builds head_topk straight from the packed fields: each candidate's text is its
+    token's (as node_text is for node_tokens), and each head's list is the event's head_topk."""
+    _, eng = model_pair
+    r = eng.generate(prompt(8), 12, mode=mode, tree=tree, trace=True, stop_on_eos=False)
+    for t in r.traces:
+        assert t["head_topk"] and all(len(h) == eng.topk for h in t["head_topk"])
+        for h in t["head_topk"]:
+            for c in h:
+                assert c["text"] == eng._token_text[c["token"]], (t["step"], c)

@@ -198,8 +198,8 @@ def test_sdpa_graphs_are_captured_per_span_bucket():
 
 @QUICK
 def test_queued_steps_with_requests_finishing_at_different_steps(eager):
-    """Steps are queued up to two ahead of the host's read (graphs.STEPS_AHEAD): a request that stops
-    (EOS) while later steps are in flight gets none of their tokens, the others keep theirs, and a
+    """Steps are queued ahead of the host's read (graphs.STEPS_AHEAD): a request that stops (EOS)
+    while later steps are in flight gets none of their tokens, the others keep theirs, and a
     stream the caller abandons leaves the engine consistent."""
     eng = engine.load("demo", device="cuda", dtype="float32", backend="triton")
     batch = heldout_prompts(4)

@@ -137,3 +137,16 @@ def test_step_ms_contains_the_forward_against_the_wall_clock(demo_engine):
     for ev, forward in zip(events, forward_ms):
         assert ev.step_ms >= forward, (ev.step, ev.step_ms, forward)
     assert sum(ev.step_ms for ev in events) <= wall_ms
+
+
+@pytest.mark.parametrize("pass_ms", [None, 7])
+def test_steps_queued_two_ahead_are_timed_from_the_previous_read(demo_engine, pass_ms):
+    """Two steps queued ahead (the session takes any graphs.STEPS_AHEAD): step N+2 is queued before step
+    N is read, and still no moment counts twice: the first step holds its own launch and the two queued
+    behind it, each later one its wait and the one launch queued while it was read (none near the token
+    limit), and the steps add up to the run's time."""
+    ms, total, caller = timed_run(demo_engine, lambda c: TimedRunner(c, launch_ms=1, read_ms=20, ahead=2),
+                                  caller_ms=500, pass_ms=pass_ms)
+    extra = pass_ms or 0
+    assert len(ms) == 12 and sum(ms) == pytest.approx(total - caller)
+    assert ms[0] == pytest.approx(23 + extra) and all(20 + extra - 1e-9 <= m <= 21 + extra + 1e-9 for m in ms[1:])
