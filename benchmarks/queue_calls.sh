@@ -2,14 +2,15 @@
 # The device calls of 2026-12-07, twenty-fourth session (benchmarks/README.md, "Two steps queued ahead"), as they ran.
 # Output in $OUT. Engine copies made in the repo root first:
 #   _before/  `mkdir _before && git archive b161e23 engine trees | tar -x -C _before` (the engine before this session)
-#   _one/     `mkdir _one && git archive HEAD engine trees | tar -x -C _one` with graphs.STEPS_AHEAD set to 1 (this
-#             session's engine queueing one step ahead, as before)
+#   _one/     (call 1) `mkdir _one && git archive 1fc4aa9 engine trees | tar -x -C _one` with graphs.STEPS_AHEAD set
+#             to 1 (call 1's engine, `.`, queued two steps ahead; since then STEPS_AHEAD is 1)
 #   bash benchmarks/queue_calls.sh 1   the graph tests of queued, traced and batched runs and the ring's kernel test;
 #                                      the demo's traced and untraced runs (traced_host_profile.py --waits, 256
 #                                      tokens, rounds in turn) from ., _one and _before; the demo end to end, traced,
 #                                      from . and _before; the traced runs again in reverse order (as time allows)
-#   bash benchmarks/queue_calls.sh 2   the demo end to end, traced, from _before and .; the traced runs from . and
-#                                      _before
+#   bash benchmarks/queue_calls.sh 2   (STEPS_AHEAD 1) the same graph tests; the traced runs from . (with cProfile)
+#                                      and _before; the demo end to end, traced, from . and _before; the traced runs
+#                                      again (as time allows)
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
@@ -41,8 +42,12 @@ if [ "$part" = 1 ]; then
   e2e e2e_traced_before _before
   for d in _before _one .; do host $d --rounds 5 --max-new-tokens 256 --waits; done
 elif [ "$part" = 2 ]; then
-  e2e e2e_traced_before_2 _before
+  pytests queue_tests_2.log 170 tests/test_graphs_gpu.py tests/test_greedy_step_gpu.py \
+    -k "queued or leaving or traced or traces or heads_passes or ring"
+  host . --rounds 5 --max-new-tokens 256 --waits --profile
+  host _before --rounds 5 --max-new-tokens 256 --waits
   e2e e2e_traced_2 .
-  for d in . _before; do host $d --rounds 5 --max-new-tokens 256 --waits; done
+  e2e e2e_traced_before_2 _before
+  for d in _before .; do host $d --rounds 5 --max-new-tokens 256 --waits; done
 fi
 echo "total $((SECONDS-t0)) s"

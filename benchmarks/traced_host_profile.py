@@ -10,8 +10,8 @@ the same round. `--every` adds traced AR runs at each number of steps per heads 
 HEAD_TRACE_STEPS, replaced for the run); each change of it between runs makes a new ring on the GPU and so
 captures new step and pass graphs, which then count in those runs' times. `--waits`: also how many steps the
 host found already finished when it came to read them (the GPU had waited for the host: the run is bound by the
-host there) and how long it waited for the others, per variant over its timed rounds; the check costs each step a
-query of its event. `--profile`: then one traced run of each mode under cProfile,
+host there) and its wait for the others, per step over all steps, per variant over its timed rounds; the check
+costs each step a query of its event. `--profile`: then one traced run of each mode under cProfile,
 its 22 largest functions by own time. On a GPU with CUDA graphs the host reads step N while the
 device runs step N+1, so host work per step beyond the device step's time is what tracing costs.
 """
