@@ -10,7 +10,8 @@
 #                                      from . and _before; the traced runs again in reverse order (as time allows)
 #   bash benchmarks/queue_calls.sh 2   (STEPS_AHEAD 1) the same graph tests; the traced runs from . (with cProfile)
 #                                      and _before; the demo end to end, traced, from . and _before; the traced runs
-#                                      again (as time allows)
+#                                      again (as time allows). Never ran: the machine was taken back, then none came.
+#   bash benchmarks/queue_calls.sh 3   (STEPS_AHEAD 1) the graph tests of queued, traced and batched runs alone
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
@@ -49,5 +50,7 @@ elif [ "$part" = 2 ]; then
   e2e e2e_traced_2 .
   e2e e2e_traced_before_2 _before
   for d in _before .; do host $d --rounds 5 --max-new-tokens 256 --waits; done
+elif [ "$part" = 3 ]; then
+  pytests queue_tests_3.log $(( $(left) - 5 )) tests/test_graphs_gpu.py -k "queued or leaving or traced or traces or heads_passes"
 fi
 echo "total $((SECONDS-t0)) s"
