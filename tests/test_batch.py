@@ -106,12 +106,7 @@ def test_steps_queued_ahead_of_the_read_decode_as_steps_read_in_turn(eng, monkey
         eng.eos_ids = set()
     assert len({len(r.token_ids) for r in got}) > 1 and "eos" in {r.finish_reason for r in got}
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
-    for a, b in zip(got, want):
-        assert len(a.traces) == len(b.traces) == a.steps
-        for ta, tb in zip(a.traces, b.traces):
-            del ta["step_ms"], tb["step_ms"]
-            # a step may run in a larger batch or over a longer span: probabilities may round to the next millionth
-            assert close(ta, tb), (ta["request"], ta["step"])
+    assert_same_traces(got, want)
 
 
 @pytest.mark.parametrize("queue", [2, 3])
@@ -125,6 +120,16 @@ def test_steps_queued_ahead_stop_at_the_token_limit_of_a_full_cache(tmp_path, mo
     monkeypatch.setattr(engine.engine, "EagerRunner", lambda *a: QueuedEagerRunner(*a, queue=queue))
     assert [r.token_ids for r in e.generate(batch, 14, mode="ar")] == want
     assert [r.token_ids for r in e.generate(batch, 14, mode="medusa", tree="mc_sim_7b_63")] == want
+
+
+def assert_same_traces(got, want, heads: bool = False) -> None:
+    """Each run's trace lines are the other's, step times aside; a step may run in a larger batch or over a
+    longer span, so probabilities may round to the next millionth (with `heads`, every line has head_topk)."""
+    for a, b in zip(got, want):
+        assert len(a.traces) == len(b.traces) == a.steps
+        for ta, tb in zip(a.traces, b.traces):
+            del ta["step_ms"], tb["step_ms"]
+            assert (not heads or "head_topk" in ta) and close(ta, tb), (ta["request"], ta["step"])
 
 
 def close(a, b) -> bool:
@@ -203,19 +208,14 @@ def test_queued_traced_ar_steps_get_the_heads_of_the_step_before(eng, monkeypatc
     free = [eng.generate(p, 23, mode="ar").token_ids for p in batch]
     eng.eos_ids = {free[0][4], free[2][14]}
     try:
+        # the engine sizes the ring from its runner's queue (`ahead`)
         monkeypatch.setattr(engine.engine, "HeadTrace", lambda heads, w, topk, _every, b, _graphs, ahead:
                             HeadTrace(heads, w, topk, every, b, ahead=ahead))
         want = eng.generate(batch, 23, mode="ar", trace=True)
         monkeypatch.setattr(engine.engine, "EagerRunner", lambda *a: QueuedEagerRunner(*a, queue=queue))
-        monkeypatch.setattr(engine.engine, "HeadTrace", lambda heads, w, topk, _every, b, _graphs, ahead:
-                            HeadTrace(heads, w, topk, every, b, ahead=queue))
         got = eng.generate(batch, 23, mode="ar", trace=True)
     finally:
         eng.eos_ids = set()
     assert "eos" in {r.finish_reason for r in got}
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
-    for a, b in zip(got, want):
-        assert len(a.traces) == len(b.traces) == a.steps
-        for ta, tb in zip(a.traces, b.traces):
-            del ta["step_ms"], tb["step_ms"]
-            assert "head_topk" in ta and close(ta, tb), (ta["request"], ta["step"])
+    assert_same_traces(got, want, heads=True)
