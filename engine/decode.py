@@ -203,18 +203,16 @@ def _ar_forward_fused(model: Transformer, state: DecodeState, hidden: torch.Tens
     """A greedy AR step's work after the forward as `greedy_step.greedy_accept` on a one-node tree (the
     root): the argmax over the logits in the model's dtype, the packed step [1, 0, root] and the new root
     and lengths in place, in two launches where the torch code (`ar_forward`'s other branch, its reference)
-    is a float32 cast, an argmax, the length add and three kernels to pack. Traced, the trace kernel reads
-    the argmax's log-sum-exp too; the ring's write is part of the second launch."""
+    is a float32 cast, an argmax, the length add and three kernels to pack. Traced, the trace kernel (one
+    launch more) reads the argmax's log-sum-exp too; the ring's write is part of the second launch."""
     retrieve, parent = _one_node(hidden.device)
-    # the node tokens are the root, which the merge overwrites with the next root only after reading them;
-    # a trace reads them later, so it gets its own copy
-    tokens = (state.root.clone() if trace_topk else state.root)[:, None]
     logits = model.logits(hidden)  # [B, 1, V]
     width = trace_width(1, 0, trace_topk) if trace_topk else 0
-    acc = greedy_step.greedy_accept(retrieve, tokens, logits, hidden, state.lengths, state.root, width,
+    # the node tokens are the root, which the merge reads before it overwrites it with the next root
+    acc = greedy_step.greedy_accept(retrieve, state.root[:, None], logits, hidden, state.lengths, state.root, width,
                                     lse=bool(trace_topk), ring=ring)
-    if trace_topk:
-        greedy_step.trace_fields(acc.packed[:, 3:], tokens, parent, logits, acc.target, None, trace_topk)
+    if trace_topk:  # the trace reads the root where the merge packed it (column 2: [kept, node, token]), not a copy
+        greedy_step.trace_fields(acc.packed[:, 3:], acc.packed[:, 2:3], parent, logits, acc.target, None, trace_topk)
     return StepTensors(acc.packed, 1, 0, trace_topk, bool(trace_topk), hidden[:, 0])
 
 

@@ -216,6 +216,43 @@ def test_fused_tree_steps_equal_the_torch_steps_on_the_demo():
 
 
 @QUICK
+def test_traced_fused_ar_steps_equal_the_torch_steps_on_the_demo():
+    """decode._ar_forward_fused traced, what a graphed traced AR step runs, against ar_forward's torch code: four
+    steps of three requests on the demo model in float32. Its trace kernel reads each request's root from the row
+    the verification packed (a view with the packed width as its row stride), so three requests, not one, are what
+    shows a stride read wrong. Packed steps equal; probabilities to float32 rounding (in millionths)."""
+    import engine
+
+    eng = engine.load("demo", device=DEV, dtype="float32", backend="sdpa", cuda_graphs=False)
+    model = eng.model
+    prompts = [eng.tokenizer.encode(p) for p in ("def read_config(path):", "import os", "class Stack:\n    def push")]
+
+    def run(fused: bool) -> list[torch.Tensor]:
+        model.setup_cache(len(prompts), 256)
+        with torch.inference_mode():
+            state = decode.prefill(model, None, prompts, SamplingParams(), None)
+            steps = []
+            for _ in range(4):
+                if fused:
+                    hidden = model(state.root[:, None], state.lengths[:, None], start=state.lengths,
+                                   span=max(state.host_lengths) + 1)
+                    st = decode._ar_forward_fused(model, state, hidden, 10)
+                else:
+                    st = decode.ar_forward(model, state, SamplingParams(), None, trace_topk=10)
+                steps.append(st.packed.clone())
+                state.host_lengths = state.lengths.tolist()
+        return steps
+
+    roots = []
+    for got, want in zip(run(True), run(False)):
+        assert got.shape == want.shape == (3, 3 + decode.trace_width(1, 0, 10))
+        assert torch.equal(got[:, :5], want[:, :5])  # kept, node, token; the trace's node token and target argmax
+        assert (got - want).abs().max() <= 30  # micro_tolerance at |logit| <= 50
+        roots.append(got[:, 2])
+    assert len({tuple(r.tolist()) for r in roots}) == len(roots) and len(set(roots[0].tolist())) == 3  # rows differ
+
+
+@QUICK
 @pytest.mark.parametrize("lse", [True, False], ids=["traced", "untraced"])
 def test_an_ar_step_is_greedy_accept_on_a_one_node_tree(lse):
     """decode._ar_forward_fused: the node tokens are a view of the roots the merge overwrites; it must read them

@@ -226,8 +226,8 @@ if triton is not None:
         return tl.floor(p * 1000000.0 + 0.5).to(tl.int64)
 
     @triton.jit
-    def _trace(Tokens, Parent, Logits, TopVals, TopIds, Lse, HeadVals, HeadIds, HeadLse, Out, out_stride, sb, st, T, KT,
-               TOPK,
+    def _trace(Tokens, tok_stride, Parent, Logits, TopVals, TopIds, Lse, HeadVals, HeadIds, HeadLse, Out, out_stride, sb, st,
+               T, KT, TOPK,
                BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
         """Program (request): the fields of decode.trace_fields under greedy acceptance."""
         wait_then_release(PDL)
@@ -235,7 +235,7 @@ if triton is not None:
         out = Out + b * out_stride
         t = tl.arange(0, BLOCK_T)
         ok = t < T
-        tok = tl.load(Tokens + b * T + t, mask=ok, other=0)
+        tok = tl.load(Tokens + b * tok_stride + t, mask=ok, other=0)
         par = tl.load(Parent + t, mask=ok, other=-1)
         pc = tl.maximum(par, 0)
         lse = tl.load(Lse + b * T + t, mask=ok, other=0.0)
@@ -393,12 +393,13 @@ def trace_fields(out: torch.Tensor, tokens: torch.Tensor, parent: torch.Tensor, 
     """decode.trace_fields under greedy acceptance, written into out [B, decode.trace_width] (a column
     slice of the packed step: rows may be strided), from what the step already computed: the
     target's top-1 and log-sum-exp per node (`target`, rows b * T + t) and the heads' top-k that
-    drafted the step (`heads`, rows b * K + h; None: no head fields). logits [B, T, V], V contiguous."""
+    drafted the step (`heads`, rows b * K + h; None: no head fields). logits [B, T, V], V contiguous; `tokens` [B, T]
+    with T contiguous, its rows may be strided (an AR step's root, read from its packed row)."""
     if target.lse is None or (heads is not None and heads.lse is None):
         raise ValueError("trace_fields needs the log-sum-exps: draft and greedy_accept with lse=True")
     b, t = tokens.shape
     kt = 0 if heads is None else heads.ids.numel() // b
     heads = heads or target  # never read when kt is 0
-    _trace[(b,)](tokens, parent, logits, target.values, target.ids, target.lse, heads.values, heads.ids, heads.lse,
+    _trace[(b,)](tokens, tokens.stride(0), parent, logits, target.values, target.ids, target.lse, heads.values, heads.ids, heads.lse,
                  out, out.stride(0), logits.stride(0), logits.stride(1), t, kt, topk, BLOCK_T=_pow2(t), BLOCK_H=_pow2(kt),
                  **pdl.options(out))
