@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -41,6 +42,7 @@ from .tp import SINGLE, TP
 from .trace import StepEvent, TraceContext, TraceWriter, header, prompt_hash
 
 CACHE_GRANULE = 256  # KV cache capacity is rounded up to this, so similar requests reuse one cache (and its graphs)
+TREES_KEPT = 32  # trees whose verification buffers an engine keeps on its device, the most recently used
 
 
 class EngineBusy(RuntimeError):
@@ -140,6 +142,7 @@ class Engine:
         self.eos_ids = eos
         self.default_tree = default_tree if default_tree is not None else self._fallback_tree()
         self._token_text = TokenTexts(tokenizer)  # each token's text, for trace lines
+        self._tree_buffers: collections.OrderedDict[tuple, trees.TreeBuffers] = collections.OrderedDict()
         self._turn = threading.Lock()  # held by the run in progress (see the class docstring)
         self._holder: int | None = None  # the thread that took it
 
@@ -218,6 +221,23 @@ class Engine:
         except trees.TreeError as e:
             raise GenerationError(f"bad tree: {e}") from None
 
+    def tree_buffers(self, choices: list[list[int]]) -> trees.TreeBuffers:
+        """A tree's verification buffers on this engine's device, built at its first run and kept (the
+        TREES_KEPT most recently used). Built at every run (with the shipped tree's file read each time),
+        a 63-node tree's `session()` took 5.9 ms on a 2-core CPU against 0.3 ms kept; on an H100's host a
+        demo 256-token Medusa run (60 steps) took 0.33-0.34 ms a step with the rebuild against 0.24-0.25
+        kept (benchmarks/README.md, twenty-fifth session).
+        Runs hold the engine (class docstring), so one thread at a time uses the dict; nothing writes
+        into the buffers."""
+        key = tuple(map(tuple, choices))
+        buf = self._tree_buffers.pop(key, None)
+        if buf is None:
+            buf = trees.buffers(choices, topk=self.topk).to(self.device)
+        self._tree_buffers[key] = buf  # the most recently used last
+        if len(self._tree_buffers) > TREES_KEPT:
+            self._tree_buffers.popitem(last=False)
+        return buf
+
     def config(self, max_new_tokens: int | None = None, config: GenerationConfig | None = None,
                **fields) -> GenerationConfig:
         """The validated config of a call: `config` (or the defaults), then the keyword overrides."""
@@ -280,7 +300,7 @@ class Engine:
         """Check everything (settings, tree, prompt lengths, memory), size the cache, and set up a run."""
         cfg = self.resolved(cfg.validate())
         choices = self.resolve_tree(cfg.tree) if cfg.mode == "medusa" else None
-        buf = trees.buffers(choices, topk=self.topk).to(self.device) if choices else None
+        buf = self.tree_buffers(choices) if choices else None
         nodes = buf.num_nodes if buf is not None else 1
         if self.model.cache is None or self.model.cache.batch < len(prompts):
             # a batch that cannot fit even at one token a prompt is refused before all of it is tokenised

@@ -428,6 +428,33 @@ def test_cache_is_sized_to_the_request_not_the_context(tmp_path):
     assert eng.model.cache.capacity == 768
 
 
+def test_a_trees_buffers_are_built_at_its_first_run_and_kept_per_tree(model_pair, monkeypatch):
+    """Engine.tree_buffers: a tree's buffers are built once and reused by its later runs; another tree of as
+    many nodes gets its own (each run still equals AR); at most TREES_KEPT trees are kept, the least recently
+    used going first."""
+    _, eng = model_pair
+    eng._tree_buffers.clear()
+    built = []
+    build = trees.buffers
+    monkeypatch.setattr(trees, "buffers", lambda choices, topk: built.append(choices) or build(choices, topk=topk))
+    p = prompt(4)
+    want = eng.generate(p, 24, mode="ar").token_ids
+    wide, deep = [[0], [1], [2], [0, 0]], [[0], [1], [0, 0], [0, 0, 0]]  # four nodes each
+    for tree in (wide, deep, wide, deep):
+        assert eng.generate(p, 24, mode="medusa", tree=tree).token_ids == want
+    assert built == [wide, deep]
+    assert eng.tree_buffers(wide).paths != eng.tree_buffers(deep).paths and len(built) == 2
+    others = [[[a], [a, b]] for a in range(10) for b in range(4)][: engine.engine.TREES_KEPT - 2]  # fills it
+    for tree in others:
+        eng.tree_buffers(tree)
+    assert len(built) == 2 + len(others) and len(eng._tree_buffers) == engine.engine.TREES_KEPT
+    eng.tree_buffers(wide)  # kept: `deep` was used before it, and goes at the next new tree
+    eng.tree_buffers([[9], [9, 9]])
+    assert len(built) == 3 + len(others) and len(eng._tree_buffers) == engine.engine.TREES_KEPT
+    eng.tree_buffers(deep)
+    assert built[-1] == deep  # built again
+
+
 @pytest.mark.parametrize("mode,tree", [("ar", None), ("medusa", "mc_sim_7b_63")])
 def test_every_head_candidate_in_a_trace_carries_its_own_tokens_text(model_pair, mode, tree):
     """StepEvent.to_json builds head_topk straight from the packed fields: each candidate's text is its

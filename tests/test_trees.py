@@ -169,6 +169,9 @@ def test_presets():
         trees.preset("nope")
     trees.register("mine", [[0], [1]])
     assert trees.resolve("mine") == [[0], [1]]
+    mc[0].append(5)  # a shipped tree is read once (presets._shipped): every call still gets lists of its own
+    mc.pop()
+    assert trees.preset("mc_sim_7b_63") == trees.resolve("mc_sim_7b_63") and len(trees.preset("mc_sim_7b_63")[0]) == 1
 
 
 def _all_trees(topk, depth, n):

@@ -6,6 +6,7 @@ dropping its JSON there; `register` adds one at run time.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 from pathlib import Path as FsPath
@@ -38,8 +39,15 @@ for _d in range(1, 6):
     register(f"chain_{_d}", lambda d=_d: chain(d))
 for _k, _d in [(2, 2), (2, 3), (3, 2), (3, 3), (4, 2)]:
     register(f"kary_{_k}x{_d}", lambda k=_k, d=_d: kary(k, d))
+@functools.cache
+def _shipped(path: FsPath) -> tuple[tuple[int, ...], ...]:
+    """A shipped tree's paths, read once: reading and checking its file took some 2 ms a call, and the
+    engine resolves the tree of every run (files outside trees/data are read at every use: they may change)."""
+    return tuple(map(tuple, load_tree(path).medusa_choices))
+
+
 for _f in sorted(DATA_DIR.glob("*.json")):
-    register(_f.stem, lambda f=_f: load_tree(f).medusa_choices)
+    register(_f.stem, lambda f=_f: as_lists(_shipped(f)))
 
 
 def names() -> list[str]:
