@@ -1,6 +1,7 @@
 """Capturing one CUDA graph: what every captured path here (the greedy steps, engine/graphs.py; a
-traced AR run's heads passes, engine/head_trace.py) does the same way; and timing work as a graph
-replays it (`graphed_us`: the GEMM choice, engine/gemm_choice.py, and `bench --part step`).
+traced AR run's heads passes, engine/head_trace.py) does the same way; the stream their events are
+recorded on (`current_stream`); and timing work as a graph replays it (`graphed_us`: the GEMM choice,
+engine/gemm_choice.py, and `bench --part step`).
 
 The work runs a few times eagerly on a side stream first: Triton compiles and autotunes, cuBLAS
 picks its kernels and allocates its workspace, and none of that may happen inside a capture. Those
@@ -17,6 +18,22 @@ from typing import TypeVar
 import torch
 
 T = TypeVar("T")
+
+
+_STREAMS: dict[tuple[int, int, int], torch.cuda.Stream] = {}
+
+
+def current_stream(device: torch.device) -> torch.cuda.Stream:
+    """The calling thread's current stream on `device`, one kept Stream object per stream. What a step's
+    event is recorded on: `Event.record()` with no stream makes a new Stream object (torch.cuda.current_stream)
+    at each call, and the record took 15.8 µs of host time a step on an H100's host, where the graph's
+    replay took 7.1 (benchmarks/host_breakdown.py --calls, twenty-fifth session). Looked up at every call, not
+    kept per run: the current stream is per thread, and a stream's steps may be read from more than one."""
+    key = torch._C._cuda_getCurrentStream(device.index)  # (stream id, device index, device type): no object made
+    stream = _STREAMS.get(key)
+    if stream is None:
+        stream = _STREAMS[key] = torch.cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
+    return stream
 
 
 def capture(run: Callable[[], T], warmups: int, pool, reset: Callable[[], None] = lambda: None

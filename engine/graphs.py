@@ -31,7 +31,7 @@ from trees import TreeBuffers
 
 from .accept import RULES, Rule
 from .attention import READS_LIVE_LENGTH
-from .cudagraph import capture
+from .cudagraph import capture, current_stream
 from .decode import DecodeState, StepTensors, ar_forward, finish_step, fused_greedy, tree_forward
 from .head_trace import HiddenRing
 from .heads import MedusaHeads
@@ -140,7 +140,7 @@ class StepGraphs:
         g.turn = (g.turn + 1) % len(g.host)
         host, done = g.host[g.turn], g.done[g.turn]
         host.copy_(g.out.packed, non_blocking=True)
-        done.record()
+        done.record(current_stream(s.root.device))
         state.lengths, state.root, state.head_logits = s.lengths, s.root, s.head_logits
         return Pending(g.out, host, done)
 

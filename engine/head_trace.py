@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .cudagraph import capture
+from .cudagraph import capture, current_stream
 from .decode import head_topk_fields, micro
 from .heads import MedusaHeads
 from .kernels import greedy_step
@@ -254,7 +254,7 @@ class HeadTrace:
             host = self.host[: fields.shape[0]]
             host.copy_(fields, non_blocking=True)
             fields, done = host, torch.cuda.Event()
-            done.record()
+            done.record(current_stream(self.lm_head_weight.device))
         self.flight = _Pass([events for _, events in self.waiting], rows, fields, done)
         self.waiting = []
         if used:
