@@ -40,6 +40,13 @@ from engine.head_trace import HeadTrace
 from engine.trace import StepEvent
 
 PROMPT = "def read_config(path):"
+VARIANTS = {  # generate's settings per variant (traced_kernels.py runs the same)
+    "ar untraced": dict(mode="ar"),
+    "ar traced": dict(mode="ar", trace=True),
+    "ar traced without heads": dict(mode="ar", trace=True, trace_heads=False),
+    "medusa untraced": dict(mode="medusa", tree="mc_sim_7b_63"),
+    "medusa traced": dict(mode="medusa", tree="mc_sim_7b_63", trace=True),
+}
 
 
 class Timers:
@@ -122,13 +129,7 @@ def main(model: str, rounds: int, tokens: int, calls: bool) -> None:
     eng = engine.load(model)
     timers = Timers()
     instrument(timers, calls)
-    variants = {
-        "ar untraced": dict(mode="ar"),
-        "ar traced": dict(mode="ar", trace=True),
-        "ar traced without heads": dict(mode="ar", trace=True, trace_heads=False),
-        "medusa untraced": dict(mode="medusa", tree="mc_sim_7b_63"),
-        "medusa traced": dict(mode="medusa", tree="mc_sim_7b_63", trace=True),
-    }
+    variants = VARIANTS
     per: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
     for r in range(rounds + 1):  # round 0 warms up: graphs captured, kernels compiled
         for name, kw in list(variants.items())[:: 1 if r % 2 == 0 else -1]:

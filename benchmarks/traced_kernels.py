@@ -14,23 +14,15 @@ import argparse
 import json
 
 import torch
+from host_breakdown import PROMPT, VARIANTS  # the same runs (benchmarks/ is the script's folder, so on the path)
 from torch.profiler import ProfilerActivity, profile
 
 import engine
 
-PROMPT = "def read_config(path):"
-
 
 def main(model: str, tokens: int, top: int) -> None:
     eng = engine.load(model)
-    variants = {
-        "ar untraced": dict(mode="ar"),
-        "ar traced": dict(mode="ar", trace=True),
-        "ar traced without heads": dict(mode="ar", trace=True, trace_heads=False),
-        "medusa untraced": dict(mode="medusa", tree="mc_sim_7b_63"),
-        "medusa traced": dict(mode="medusa", tree="mc_sim_7b_63", trace=True),
-    }
-    for name, kw in variants.items():
+    for name, kw in VARIANTS.items():
         eng.generate(PROMPT, max_new_tokens=tokens, stop_on_eos=False, **kw)  # graphs captured, kernels compiled
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
