@@ -169,6 +169,10 @@ def test_presets():
         trees.preset("nope")
     trees.register("mine", [[0], [1]])
     assert trees.resolve("mine") == [[0], [1]]
+    mine = trees.preset("mine")
+    mine[0].append(9)
+    mine.append([2])
+    assert trees.preset("mine") == [[0], [1]]  # a registered list too: each call's lists are its own
     mc[0].append(5)  # a shipped tree is read once (presets._shipped): every call still gets lists of its own
     mc.pop()
     assert trees.preset("mc_sim_7b_63") == trees.resolve("mc_sim_7b_63") and len(trees.preset("mc_sim_7b_63")[0]) == 1

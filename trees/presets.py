@@ -32,13 +32,17 @@ _REGISTRY: dict[str, Callable[[], list[list[int]]]] = {}
 
 
 def register(name: str, choices: list[list[int]] | Callable[[], list[list[int]]]) -> None:
-    _REGISTRY[name] = choices if callable(choices) else (lambda c=as_lists(validate(choices)): c)
+    """Add a named tree: a function that makes its paths, or the paths (kept as checked; every `preset`
+    call gets lists of its own, so a caller's edit never reaches the next one)."""
+    _REGISTRY[name] = choices if callable(choices) else (lambda c=tuple(validate(choices)): as_lists(c))
 
 
 for _d in range(1, 6):
     register(f"chain_{_d}", lambda d=_d: chain(d))
 for _k, _d in [(2, 2), (2, 3), (3, 2), (3, 3), (4, 2)]:
     register(f"kary_{_k}x{_d}", lambda k=_k, d=_d: kary(k, d))
+
+
 @functools.cache
 def _shipped(path: FsPath) -> tuple[tuple[int, ...], ...]:
     """A shipped tree's paths, read once: reading and checking its file took some 2 ms a call, and the

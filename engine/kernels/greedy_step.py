@@ -397,6 +397,8 @@ def trace_fields(out: torch.Tensor, tokens: torch.Tensor, parent: torch.Tensor, 
     with T contiguous, its rows may be strided (an AR step's root, read from its packed row)."""
     if target.lse is None or (heads is not None and heads.lse is None):
         raise ValueError("trace_fields needs the log-sum-exps: draft and greedy_accept with lse=True")
+    if tokens.stride(1) != 1:
+        raise ValueError("trace_fields needs each row of tokens contiguous (the kernel reads a row from its start)")
     b, t = tokens.shape
     kt = 0 if heads is None else heads.ids.numel() // b
     heads = heads or target  # never read when kt is 0
