@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The device calls of 2026-12-07, twenty-fifth session (benchmarks/README.md, "Where a traced step's host time goes").
-# Output in $OUT.
+# The device calls of 2026-12-07, twenty-fifth session (benchmarks/README.md, "Where a step's host time goes").
+# Output in $OUT. Call 1 ran host_breakdown.py before it had its `setup` part and `--calls`; `.` was 45b4ab6 in call 1,
+# adccd21 in call 2, 04e0de1 in calls 3 and 4.
 #   bash benchmarks/host_calls.sh 1   the graph tests of queued, traced and batched runs (one step queued, as landed
 #                                     at 45b4ab6); where the host's time goes in each variant (host_breakdown.py);
 #                                     traced against untraced (traced_host_profile.py --waits)
