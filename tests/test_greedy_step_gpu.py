@@ -4,6 +4,7 @@ draft, verification (a path accepted to its leaf, a path through non-first child
 accepted) with the compaction's slots, and the step trace. GPU only, or on the CPU under Triton's
 interpreter (`TRITON_INTERPRET=1` with triton installed), which is how they are debugged without one."""
 
+import functools
 import os
 import zlib
 
@@ -177,31 +178,43 @@ def test_greedy_accept_matches_reference(n):
         (bare_root, next_root_in_place)))
 
 
+@functools.cache
+def demo_engine():
+    import engine
+
+    return engine.load("demo", device=DEV, dtype="float32", backend="sdpa", cuda_graphs=False)
+
+
+def demo_steps(step, heads: bool) -> list[torch.Tensor]:
+    """Four steps of three requests on the demo model in float32 (eager, sdpa), `step(model, heads, state)` each
+    (the demo's heads prefilled when `heads`), -> each step's packed tensor. Each call starts from a new cache and
+    prefill, so the fused and torch runs a test compares start alike."""
+    eng = demo_engine()
+    model = eng.model
+    prompts = [eng.tokenizer.encode(p) for p in ("def read_config(path):", "import os", "class Stack:\n    def push")]
+    model.setup_cache(len(prompts), 256)
+    with torch.inference_mode():
+        state = decode.prefill(model, eng.heads if heads else None, prompts, SamplingParams(), None)
+        steps = []
+        for _ in range(4):
+            steps.append(step(model, eng.heads, state).packed.clone())
+            state.host_lengths = state.lengths.tolist()
+    return steps
+
+
 @QUICK
 def test_fused_tree_steps_equal_the_torch_steps_on_the_demo():
     """decode._tree_forward_fused, what a graphed greedy step runs, against tree_forward's torch code: four steps
     of three requests on the demo model in float32, untraced (the log-sum-exps skipped) and traced. The packed
     steps are equal; the trace's probabilities agree to float32 rounding (in millionths)."""
-    import engine
-
-    eng = engine.load("demo", device=DEV, dtype="float32", backend="sdpa", cuda_graphs=False)
-    model, heads = eng.model, eng.heads
     buf = trees.buffers([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [2], [0, 2]], topk=10).to(DEV)
-    prompts = [eng.tokenizer.encode(p) for p in ("def read_config(path):", "import os", "class Stack:\n    def push")]
 
     def run(fused: bool, trace: bool) -> list[torch.Tensor]:
-        model.setup_cache(len(prompts), 256)
-        with torch.inference_mode():
-            state = decode.prefill(model, heads, prompts, SamplingParams(), None)
-            steps = []
-            for _ in range(4):
-                if fused:
-                    st = decode._tree_forward_fused(model, heads, buf, state, None, trace)
-                else:
-                    st = decode.tree_forward(model, heads, buf, state, RULES["greedy"], SamplingParams(), None, trace=trace)
-                steps.append(st.packed.clone())
-                state.host_lengths = state.lengths.tolist()
-        return steps
+        if fused:
+            return demo_steps(lambda model, heads, state: decode._tree_forward_fused(model, heads, buf, state, None, trace),
+                              heads=True)
+        return demo_steps(lambda model, heads, state: decode.tree_forward(model, heads, buf, state, RULES["greedy"],
+                                                                          SamplingParams(), None, trace=trace), heads=True)
 
     core = 1 + 2 * buf.retrieve_indices.shape[1]  # kept, the accepted nodes, their tokens
     for got, want in zip(run(True, False), run(False, False)):
@@ -221,30 +234,15 @@ def test_traced_fused_ar_steps_equal_the_torch_steps_on_the_demo():
     steps of three requests on the demo model in float32. Its trace kernel reads each request's root from the row
     the verification packed (a view with the packed width as its row stride), so three requests, not one, are what
     shows a stride read wrong. Packed steps equal; probabilities to float32 rounding (in millionths)."""
-    import engine
+    def fused(model, heads, state):
+        hidden = model(state.root[:, None], state.lengths[:, None], start=state.lengths, span=max(state.host_lengths) + 1)
+        return decode._ar_forward_fused(model, state, hidden, 10)
 
-    eng = engine.load("demo", device=DEV, dtype="float32", backend="sdpa", cuda_graphs=False)
-    model = eng.model
-    prompts = [eng.tokenizer.encode(p) for p in ("def read_config(path):", "import os", "class Stack:\n    def push")]
-
-    def run(fused: bool) -> list[torch.Tensor]:
-        model.setup_cache(len(prompts), 256)
-        with torch.inference_mode():
-            state = decode.prefill(model, None, prompts, SamplingParams(), None)
-            steps = []
-            for _ in range(4):
-                if fused:
-                    hidden = model(state.root[:, None], state.lengths[:, None], start=state.lengths,
-                                   span=max(state.host_lengths) + 1)
-                    st = decode._ar_forward_fused(model, state, hidden, 10)
-                else:
-                    st = decode.ar_forward(model, state, SamplingParams(), None, trace_topk=10)
-                steps.append(st.packed.clone())
-                state.host_lengths = state.lengths.tolist()
-        return steps
+    def torch_step(model, heads, state):
+        return decode.ar_forward(model, state, SamplingParams(), None, trace_topk=10)
 
     roots = []
-    for got, want in zip(run(True), run(False)):
+    for got, want in zip(demo_steps(fused, heads=False), demo_steps(torch_step, heads=False)):
         assert got.shape == want.shape == (3, 3 + decode.trace_width(1, 0, 10))
         assert torch.equal(got[:, :5], want[:, :5])  # kept, node, token; the trace's node token and target argmax
         assert (got - want).abs().max() <= 30  # micro_tolerance at |logit| <= 50
