@@ -51,13 +51,18 @@ def add_model_arguments(p: argparse.ArgumentParser, heads: bool = True) -> None:
 
 
 def load_from_arguments(a: argparse.Namespace, tp=None, device=None):
-    """engine.load with the options of add_model_arguments (tp/device: from torchrun, if any)."""
+    """engine.load with the options of add_model_arguments (tp/device: from torchrun, if any). The
+    commands and the app call it, and each owns its process: the heap is frozen after the load
+    (engine/heap.py), so Python's full collections in traced runs no longer walk torch's objects."""
     from . import load
+    from .heap import freeze_heap
     from .tp import SINGLE
 
     heads = False if getattr(a, "no_heads", False) else getattr(a, "heads", None)
-    return load(a.model, heads=heads, device=device or a.device, dtype=a.dtype, max_seq_len=a.max_seq_len,
-                backend=a.backend, tp=tp or SINGLE, cuda_graphs=a.cuda_graphs, gemm=a.gemm)
+    eng = load(a.model, heads=heads, device=device or a.device, dtype=a.dtype, max_seq_len=a.max_seq_len,
+               backend=a.backend, tp=tp or SINGLE, cuda_graphs=a.cuda_graphs, gemm=a.gemm)
+    freeze_heap()
+    return eng
 
 
 def add_generation_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = (), **defaults) -> None:

@@ -109,6 +109,27 @@ def test_round_robin_interleaves_modes_within_each_prompt():
     assert res["x"]["tokens"] == 12 and res["x"]["steps"] == 8 and res["x"]["outputs"] == [[1] * 3, [2] * 3]
 
 
+def test_round_robin_counts_the_collections_inside_each_runners_timed_runs():
+    """A full collection stalls the host for a fifth of a second on a loaded process: the bench says
+    which runner's timed runs it fell in, and only theirs."""
+    import gc
+
+    def collects(p):
+        gc.collect()
+        return [p], 1
+
+    callbacks = len(gc.callbacks)
+    gc.disable()  # no collection but the runner's own
+    try:
+        gc.collect()  # outside any timed run: counted nowhere
+        res = round_robin({"collects": collects, "quiet": lambda p: ([p], 1)}, [1, 2], rounds=2)
+    finally:
+        gc.enable()
+    assert res["collects"]["gc"]["generation_2"]["count"] == 4
+    assert res["quiet"]["gc"] == {}
+    assert len(gc.callbacks) == callbacks  # its listeners are gone
+
+
 def test_a_medusa_output_that_leaves_ar_is_judged_at_its_first_difference(tmp_path):
     """bf16 divergences of greedy Medusa from AR are judged by a float32 transformers run: here the
     'Medusa' output takes a token the float32 model ranks below AR's, so the judge must place the

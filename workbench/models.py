@@ -12,7 +12,6 @@ anything is let go: not an out-of-memory kill of the app and every session in it
 
 from __future__ import annotations
 
-import gc
 import math
 import threading
 from collections import OrderedDict
@@ -23,6 +22,7 @@ from pathlib import Path
 from safetensors import SafetensorError, safe_open
 
 from engine import Engine, ModelLoadError
+from engine.heap import freeze_heap
 from engine.loading import NAMED_MODELS, base_weight_files, find_heads, heads_dir, resolve_model_dir
 
 from .session import UserError
@@ -157,7 +157,7 @@ class Engines:
             raise UserError(_no_memory(name, need, free, busy))
         while need > free and idle:
             del self._items[idle.pop(0)]
-            gc.collect()  # its tensors go now (on CUDA into torch's cache, which `free` counts)
+            freeze_heap()  # its tensors go now (on CUDA into torch's cache, which `free` counts), frozen cycles too
             free = mem.free() or 0
         if need > free:  # what the idle engines held did not come back
             raise UserError(_no_memory(name, need, free, busy))

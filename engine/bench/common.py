@@ -9,6 +9,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from ..heap import CollectorPauses
+
 PROGRESS_S = 30.0  # seconds between round_robin's progress lines
 
 # two-sided 95 % Student t quantiles by degrees of freedom (1..30); beyond, the normal's 1.96
@@ -67,9 +69,27 @@ def round_robin(runners: dict[str, Callable[[object], tuple[list[int], int]]], p
                 sync: Callable[[], None] = lambda: None) -> dict[str, dict]:
     """Time each runner on every prompt, interleaved (round -> prompt -> runner), so a noisy
     neighbour slows every runner alike instead of whichever ran during it. A runner maps a prompt to
-    (output token ids, steps). -> per runner: totals, tokens/s per round, and the round-0 outputs.
-    A long run (a CPU table takes most of an hour) says on stderr where it is, every PROGRESS_S."""
+    (output token ids, steps). -> per runner: totals, tokens/s per round, the round-0 outputs, and
+    Python's collections inside its timed runs (`gc`: a full one stalls the host for a fifth of a
+    second, engine/heap.py). A long run (a CPU table takes most of an hour) says on stderr where it
+    is, every PROGRESS_S."""
     out = {name: {"tokens": 0, "steps": 0, "wall_s": 0.0, "round_tokens_per_s": [], "outputs": []} for name in runners}
+    pauses = {name: CollectorPauses() for name in runners}
+    try:
+        _run_rounds(runners, prompts, rounds, sync, out, pauses)
+    finally:
+        for p in pauses.values():
+            p.close()
+    for name, o in out.items():
+        o["tokens_per_s"] = round(o["tokens"] / o["wall_s"], 2)
+        o["tokens_per_step"] = round(o["tokens"] / max(o["steps"], 1), 4)
+        o["wall_s"] = round(o["wall_s"], 3)
+        o["gc"] = pauses[name].summary()
+    return out
+
+
+def _run_rounds(runners: dict[str, Callable[[object], tuple[list[int], int]]], prompts: Sequence, rounds: int,
+                sync: Callable[[], None], out: dict[str, dict], pauses: dict[str, CollectorPauses]) -> None:
     said = time.perf_counter()
     for r in range(rounds):
         tok = dict.fromkeys(runners, 0)
@@ -80,10 +100,11 @@ def round_robin(runners: dict[str, Callable[[object], tuple[list[int], int]]], p
                 print(f"bench: round {r + 1}/{rounds}, prompt {i + 1}/{len(prompts)}", file=sys.stderr, flush=True)
             for name, run in runners.items():
                 sync()
-                t0 = time.perf_counter()
-                ids, steps = run(p)
-                sync()
-                wall[name] += time.perf_counter() - t0
+                with pauses[name]:
+                    t0 = time.perf_counter()
+                    ids, steps = run(p)
+                    sync()
+                    wall[name] += time.perf_counter() - t0
                 tok[name] += len(ids)
                 o = out[name]
                 o["tokens"] += len(ids)
@@ -93,11 +114,6 @@ def round_robin(runners: dict[str, Callable[[object], tuple[list[int], int]]], p
         for name in runners:
             out[name]["wall_s"] += wall[name]
             out[name]["round_tokens_per_s"].append(tok[name] / wall[name])
-    for o in out.values():
-        o["tokens_per_s"] = round(o["tokens"] / o["wall_s"], 2)
-        o["tokens_per_step"] = round(o["tokens"] / max(o["steps"], 1), 4)
-        o["wall_s"] = round(o["wall_s"], 3)
-    return out
 
 
 def ratio(a: dict, b: dict) -> dict:

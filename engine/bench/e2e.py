@@ -67,7 +67,7 @@ def summarise(res: dict[str, dict], eng, tree_names: list[str], greedy: bool = T
     pairs = {name: (name, f"{name} traced") for name in ["ar"] + [f"medusa:{n}" for n in tree_names]}
     pairs["ar without heads"] = ("ar", "ar traced without heads")
     traced = {name: {"tokens_per_s": res[key]["tokens_per_s"], "untraced_over_traced": ratio(res[base], res[key]),
-                     "same_output": res[key]["outputs"] == res[base]["outputs"]}
+                     "same_output": res[key]["outputs"] == res[base]["outputs"], "gc": res[key]["gc"]}
               for name, (base, key) in pairs.items() if key in res}
     if traced:
         out["traced"] = traced
