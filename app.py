@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.host not in LOOPBACK:
         print(f"warning: binding {a.host}: anyone who can reach this address can use the app", file=sys.stderr)
     try:
-        eng = load_from_arguments(a)
-        wb = Workbench(eng, Path(a.data_dir) if a.data_dir else default_data_dir(),
+        # the engine is handed over, not kept here: the model selector's cache may let it go
+        wb = Workbench(load_from_arguments(a), Path(a.data_dir) if a.data_dir else default_data_dir(),
                        Path(a.traces) if a.traces else (DEMO_DIR / "tune_traces.jsonl" if a.model == "demo" else None),
                        loader=loader(a), model=a.model, max_engines=a.max_models)
         serve(wb, a.host, a.port)

@@ -275,12 +275,8 @@ class Engine:
                                   f"{free / 2**30:.2f} GiB is free")
 
     def free_memory(self) -> int:
-        """Bytes free on this engine's device: CUDA's count plus what torch's allocator holds unused
-        (it reuses that first), or what the OS can still give this process."""
-        if self.device.type == "cuda":
-            unused = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
-            return torch.cuda.mem_get_info(self.device)[0] + unused
-        return available_memory()
+        """Bytes free on this engine's device (`device_free_memory`)."""
+        return device_free_memory(self.device)
 
     def held_memory(self) -> int:
         """Bytes this engine's tensors hold: weights, heads and KV cache (a module of the model, so
@@ -480,6 +476,16 @@ class _Stream:
 
     def __del__(self) -> None:
         self.close()
+
+
+def device_free_memory(device: torch.device) -> int:
+    """Bytes free on a device: CUDA's count plus what torch's allocator holds unused (it reuses that
+    first), or what the OS can still give this process. A function of the device, not of an engine, so
+    that whoever asks (the app's engine cache) keeps no engine alive."""
+    if device.type == "cuda":
+        unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return torch.cuda.mem_get_info(device)[0] + unused
+    return available_memory()
 
 
 def available_memory() -> int:

@@ -3,19 +3,23 @@ and count the collections' pauses.
 
 A process with torch and transformers imported tracks some 350,000 objects, and a full collection walks
 every one of them: 184-252 ms on a CI-class core (benchmarks/gc_pauses.py). A traced step leaves about 50
-tracked objects (its record's lists and dicts), and each object that outlives two young collections counts
-towards the next full one, which comes once they reach a quarter of the objects tracked: every few traced
-runs, whether or not their records are still alive. The host then stalls while the GPU, one step queued
-ahead, runs dry; traced demo runs swung between 1.05x and 1.74x of their untraced time (2026-12-07).
+tracked objects (its record's lists and dicts). CPython 3.11/3.12 runs a full collection after ten
+generation-1 collections once the objects moved into the oldest generation since the last full one reach a
+quarter of those that survived it: every few traced runs, whether or not their records are still alive.
+The host then stalls while the GPU, one step queued ahead, runs dry; traced demo runs swung between 1.05x
+and 1.74x of their untraced time (2026-12-07).
 
 `freeze_heap` moves every object alive into the collector's permanent generation (`gc.freeze`), so later
 full collections walk only what was made since: the process owner calls it once its model is loaded, as
 vLLM's `freeze_gc_heap` does after start-up. It collects first, since freezing would keep today's garbage
-for good, and unfreezes before that, so that a cycle frozen by an earlier call that has become garbage
-since (an engine let go) is collected too. A frozen cycle that becomes garbage waits for the next call:
-whoever lets an engine go calls it again. Library code never calls it: `engine.load` leaves the heap to
-the process that owns it.
-"""
+until the next call, and unfreezes before that, so that a cycle frozen by an earlier call that has become
+garbage since (an engine let go) is collected too. A frozen cycle that becomes garbage waits for the next
+call: whoever lets an engine go calls it again. Library code never calls it: `engine.load` leaves the heap
+to the process that owns it.
+
+The collection holds the GIL for some 0.2-0.3 s: in the app a request decoding on another thread waits
+that long when a model loads or is let go, and what such a request has alive then is frozen with the rest
+(its cycles, once garbage, wait for the next call)."""
 
 from __future__ import annotations
 
@@ -56,7 +60,8 @@ class CollectorPauses:
 
     def close(self) -> None:
         """Stop listening (gc.callbacks holds the callback, and so this object, until then)."""
-        gc.callbacks.remove(self._on)
+        if self._on in gc.callbacks:
+            gc.callbacks.remove(self._on)
 
     def summary(self) -> dict:
         """Per generation that ran: how many times, total and longest ms."""

@@ -110,8 +110,8 @@ def test_round_robin_interleaves_modes_within_each_prompt():
 
 
 def test_round_robin_counts_the_collections_inside_each_runners_timed_runs():
-    """A full collection stalls the host for a fifth of a second on a loaded process: the bench says
-    which runner's timed runs it fell in, and only theirs."""
+    """A full collection stalls the host for a fifth of a second in a process whose heap is not frozen:
+    the bench says which runner's timed runs it fell in, and only theirs."""
     import gc
 
     def collects(p):
@@ -128,6 +128,13 @@ def test_round_robin_counts_the_collections_inside_each_runners_timed_runs():
     assert res["collects"]["gc"]["generation_2"]["count"] == 4
     assert res["quiet"]["gc"] == {}
     assert len(gc.callbacks) == callbacks  # its listeners are gone
+
+    def fails(p):
+        raise RuntimeError("a runner failed")
+
+    with pytest.raises(RuntimeError):
+        round_robin({"fails": fails}, [1], rounds=1)
+    assert len(gc.callbacks) == callbacks  # gone too when a runner raises
 
 
 def test_a_medusa_output_that_leaves_ar_is_judged_at_its_first_difference(tmp_path):

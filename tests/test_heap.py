@@ -60,8 +60,10 @@ def test_collector_pauses_counts_only_the_collections_made_while_active(no_autom
     summary = pauses.summary()
     assert set(summary) == {"generation_0", "generation_2"}
     assert summary["generation_0"]["count"] == 1 and summary["generation_2"]["count"] == 1
-    assert summary["generation_2"]["total_ms"] >= 0
+    for gen in summary.values():  # durations, not clock readings
+        assert 0 <= gen["longest_ms"] <= gen["total_ms"] < 1000
     assert pauses._on not in gc.callbacks
+    pauses.close()  # twice is harmless
 
 
 def test_the_commands_load_freezes_the_heap():

@@ -1,6 +1,8 @@
 """The engine cache behind the model selector, and the benchmark prompt-set choices (no model loaded:
 the cache takes any loader, and the prompt sets are files in a temporary cache folder)."""
 
+import weakref
+
 import pytest
 import torch
 
@@ -165,7 +167,7 @@ def test_the_demo_needs_what_its_engine_holds(demo_engine):
 def test_the_app_refuses_a_model_that_does_not_fit_its_free_memory(demo_engine, tmp_path, monkeypatch):
     from safetensors.torch import save_file
 
-    from workbench import models
+    from workbench import core, models
     from workbench.core import Workbench
 
     big = tmp_path / "big"
@@ -173,7 +175,7 @@ def test_the_app_refuses_a_model_that_does_not_fit_its_free_memory(demo_engine, 
     (big / "config.json").write_text("{}")
     save_file({"w": torch.zeros(1000, 1000)}, str(big / "model.safetensors"))
     loads = []
-    monkeypatch.setattr(demo_engine, "free_memory", lambda: 1_000_000)  # 4 MB of float32 weights need more
+    monkeypatch.setattr(core, "device_free_memory", lambda device: 1_000_000)  # 4 MB of float32 weights need more
     wb = Workbench(demo_engine, tmp_path / "wb", loader=lambda name: loads.append(name) or demo_engine)
     monkeypatch.setattr(models.DeviceMemory, "held", staticmethod(lambda engine: 0))
     with pytest.raises(UserError, match=f"'{big}' needs about 3.8 MiB for its weights and 1.0 MiB is free"):
@@ -278,3 +280,53 @@ def test_the_api_decodes_with_smollm2_when_it_is_here(demo_engine, tmp_path):
                                    model="smollm2")
     assert out["token_ids"] == wb.engines.get("smollm2").generate("Name a colour.", 8, mode="ar").token_ids
     assert wb.store.load_run(out["run_id"])[0]["settings"]["model"] == "smollm2"
+
+
+class CyclicEngine(str):
+    """An engine stand-in that is a reference cycle, as a real engine's objects may be: only a
+    collection frees it."""
+
+    def __new__(cls, name: str):
+        engine = super().__new__(cls, name)
+        engine.me = engine
+        return engine
+
+
+def test_engines_let_go_are_collected_though_the_heap_is_frozen():
+    """The app freezes the heap after each load (engine/heap.py), which leaves frozen cycles to the next
+    freeze: the cache collects an engine it lets go at once, for room and for memory alike."""
+    from engine.heap import freeze_heap
+
+    alive = {}
+
+    def loader(name):
+        engine = CyclicEngine(f"engine:{name}")
+        alive[name] = weakref.ref(engine)
+        return engine
+
+    for_room = Engines(loader, limit=1)
+    for_room.get("a")
+    freeze_heap()  # as the app's load of "a" did
+    for_room.get("b")  # no room for two: a goes
+    assert alive["a"]() is None
+
+    memory = SimulatedMemory(10, {"c": 6, "d": 6})
+    memory.cache = for_memory = Engines(loader, limit=4, memory=memory)
+    for_memory.get("c")
+    freeze_heap()
+    for_memory.get("d")  # 4 free, 6 needed: c goes
+    assert alive["c"]() is None
+
+
+def test_the_started_engine_is_freed_once_the_cache_lets_it_go(tmp_path):
+    """Nothing but the cache holds the engine the app started with (its free-memory query is the
+    device's, not a method of the engine), so a model switch past the cache's limit returns its memory."""
+    import engine as engine_api
+    from workbench.core import Workbench
+
+    started = engine_api.load("demo", device="cpu")
+    ref = weakref.ref(started)
+    wb = Workbench(started, tmp_path / "wb", loader=lambda name: f"engine:{name}", model="demo", max_engines=1)
+    del started
+    wb.engines.get("other")  # one engine at a time: the demo goes
+    assert ref() is None

@@ -8,6 +8,7 @@ the app runs every engine job in one Gradio concurrency group, so jobs take turn
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import trees
 from engine import Engine, GenerationConfig, GenerationError
+from engine.engine import device_free_memory
 from engine.prompts import Prompt, PromptFileError, heldout_prompts, parse_prompts, read_prompts
 
 from .memory import on_one_thread
@@ -72,7 +74,9 @@ class Workbench:
     def __init__(self, engine: Engine, data_dir: Path, default_traces: Path | None = None,
                  loader: Callable[[str], Engine] | None = None, model: str | None = None, max_engines: int = 2):
         self.model = model or engine.name  # the model the app was started with
-        memory = DeviceMemory(engine.free_memory, engine.model.embed_tokens.weight.element_size()) if loader else None
+        # the device's free memory, not the engine's method: the cache must be able to let the started engine go
+        free = functools.partial(device_free_memory, engine.device)
+        memory = DeviceMemory(free, engine.model.embed_tokens.weight.element_size()) if loader else None
         self.engines = Engines(loader or _no_loader, max_engines, memory)
         self.engines.add(self.model, engine)
         self.store = Store(data_dir)

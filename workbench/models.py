@@ -35,7 +35,7 @@ GIB = 2**30
 class DeviceMemory:
     """The engine cache's view of memory on the device its models load on: what a model needs, with
     `itemsize` bytes per weight (the app's dtype: every model of an app loads with the same options),
-    against what `free` says the device has (the started engine's `Engine.free_memory`)."""
+    against what `free` says the device has (`engine.engine.device_free_memory`)."""
 
     def __init__(self, free: Callable[[], int | None], itemsize: int):
         self.free, self.itemsize = free, itemsize
@@ -142,7 +142,13 @@ class Engines:
             if not idle:
                 raise UserError(f"{len(self._items)} models are loaded (the most this app keeps) and every one is "
                                 f"in use by a job: try {name!r} again when a job ends")
-            del self._items[idle[0]]
+            self._let_go(idle[0])
+
+    def _let_go(self, name: str) -> None:
+        """Drop an idle engine and collect it now: the heap is frozen after each load (engine/heap.py), so a
+        cycle among its objects would otherwise outlive it until the next load, or for good if that fails."""
+        del self._items[name]
+        freeze_heap()
 
     def _make_memory(self, name: str) -> None:
         """Let least recently used idle engines go until `name`'s weights fit in free memory (lock
@@ -156,8 +162,7 @@ class Engines:
         if need > free + sum(mem.held(self._items[n]) for n in idle):
             raise UserError(_no_memory(name, need, free, busy))
         while need > free and idle:
-            del self._items[idle.pop(0)]
-            freeze_heap()  # its tensors go now (on CUDA into torch's cache, which `free` counts), frozen cycles too
+            self._let_go(idle.pop(0))  # its tensors go now (on CUDA into torch's cache, which `free` counts)
             free = mem.free() or 0
         if need > free:  # what the idle engines held did not come back
             raise UserError(_no_memory(name, need, free, busy))
