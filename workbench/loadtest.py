@@ -65,9 +65,12 @@ def start_server(data_dir: Path, timeout_s: float = 180) -> tuple[subprocess.Pop
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    tmp = data_dir / "tmp"  # the server's temporary files (Gradio's uploads too): counted there, not in all of /tmp
+    tmp.mkdir(exist_ok=True)
     with open(data_dir / "server.log", "w") as log:  # the child keeps its own descriptor
         proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--device", "cpu", "--port", str(port),
-                                 "--data-dir", str(data_dir)], stdout=log, stderr=subprocess.STDOUT)
+                                 "--data-dir", str(data_dir)], stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "TMPDIR": str(tmp)})
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + timeout_s
     while time.time() < deadline:
@@ -108,9 +111,10 @@ def file_access(data_dir: Path, url: str) -> dict:
         r = httpx.post(f"{url}gradio_api/upload", files={"files": ("t.json", b"[" + b" " * size + b"]")})
         out[name] = r.status_code
     many = [("files", (f"t{i}.json", b"[" + b" " * 1_000_000 + b"]")) for i in range(20)]
-    before = sum(1 for _ in Path(tempfile.gettempdir()).rglob("t*.json"))
+    server_tmp = data_dir / "tmp"  # start_server's TMPDIR
+    before = sum(1 for _ in server_tmp.rglob("t*.json"))
     out["20 files of 1 MB in one request"] = httpx.post(f"{url}gradio_api/upload", files=many, timeout=60).status_code
-    out["temp files kept by that request"] = sum(1 for _ in Path(tempfile.gettempdir()).rglob("t*.json")) - before
+    out["temp files kept by that request"] = sum(1 for _ in server_tmp.rglob("t*.json")) - before
     return out
 
 
@@ -155,17 +159,18 @@ new MutationObserver(() => {
 """
 
 
-def stop_isolation(url: str, chromium: str, tokens: int = 1000) -> dict:
-    """Two browser sessions decode at once; A presses Stop 1 s in. B must finish and equal a solo run."""
+def stop_isolation(url: str, chromium: str, tokens: int = 1000, other_tokens: int = 1000) -> dict:
+    """Two browser sessions decode at once, A `tokens` and B `other_tokens`; A presses Stop 1 s in. B must
+    finish and equal a solo run. (B's run need only outlast A's first second; A's must, to be stopped.)"""
     from gradio_client import Client
     from playwright.sync_api import sync_playwright
 
-    solo = _predict(Client(url, verbose=False), "def read_config(path):", "demo_tuned", tokens)
+    solo = _predict(Client(url, verbose=False), "def read_config(path):", "demo_tuned", other_tokens)
     with sync_playwright() as p:
         browser = launch(p, chromium)
         a, b = open_page(browser, url, RUN_COUNTER), open_page(browser, url, RUN_COUNTER)
-        for pg in (a, b):
-            set_number(pg, "max new tokens", tokens)
+        for pg, n in ((a, tokens), (b, other_tokens)):
+            set_number(pg, "max new tokens", n)
         a.get_by_role("button", name="Generate").click()
         b.get_by_role("button", name="Generate").click()
         a.wait_for_function("document.querySelector('#stats').innerText.includes('tokens,')", timeout=120_000)
@@ -391,7 +396,7 @@ def soak(url: str, minutes: float, server_pid: int, workers: int = 4, sample_s: 
 
 def run(sessions: int = 20, sequential: int = 200, tokens: int = 24, streamed: int = 0, flood: int = 80,
         chromium: str | None = None, sample_every: int = 10, others: int = 100, distinct: int = 200,
-        soak_minutes: float = 0, many_heads_file: bool = True) -> dict:
+        soak_minutes: float = 0, many_heads_file: bool = True, stop_other_tokens: int = 1000) -> dict:
     from gradio_client import Client
 
     import engine
@@ -428,7 +433,7 @@ def run(sessions: int = 20, sequential: int = 200, tokens: int = 24, streamed: i
                          "next_run_done_s_after_cancel": round(time.perf_counter() - t_cancel, 2)}
         if has_browser:
             phase("stop isolation, then Stop after other sessions")
-            out["stop_isolation"] = stop_isolation(url, chromium)
+            out["stop_isolation"] = stop_isolation(url, chromium, other_tokens=stop_other_tokens)
             out["stop_after_sessions"] = stop_after_sessions(url, chromium, others)
         phase("dropped client")
         out["dropped_client"] = dropped_client(url, data_dir)
