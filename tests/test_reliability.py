@@ -516,8 +516,9 @@ def test_live_app_under_concurrency_cancel_stop_and_faults():
 
     # half the sizes of benchmarks/reliability.md's smallest run: every part runs, CI stays short
     # the many-heads file's memory is pinned by test_twenty_thousand_heads_are_refused_from_the_header_alone
-    # the page that is not stopped decodes 300 tokens, not 1,000: still running when the other page stops (its
-    # run and the solo run it must equal took 9-10 s each on 2 cores at 1,000)
+    # the page that is not stopped decodes 300 tokens, not 1,000: its run waits behind the stopped one on the one
+    # engine, and what is checked is that it is not ended with it, whatever its length (at 1,000, it and the solo
+    # run it must equal took 9-10 s each on 2 cores)
     out = run(sessions=6, sequential=5, tokens=8, streamed=4, flood=12, others=6, distinct=6, soak_minutes=0.1,
               many_heads_file=False, stop_other_tokens=300)
     md = report(out, "loadtest")  # the markdown of benchmarks/reliability.md renders every part
@@ -541,7 +542,8 @@ def test_live_app_under_concurrency_cancel_stop_and_faults():
     assert out["flood"]["crashed"] == 0 and out["flood"]["answered"] == out["flood"]["sessions"]
     if "stop_isolation" not in out:  # the Stop button's parts drive a browser
         pytest.skip("the Stop parts need chromium (apt-get install -y chromium); every other part passed")
-    assert out["stop_isolation"]["other_complete_and_equal_to_solo"], out["stop_isolation"]
+    iso = out["stop_isolation"]  # B had not ended when A stopped, then ended complete and equal to a solo run
+    assert iso["other_pending_at_stop"] and iso["other_complete_and_equal_to_solo"], iso
     assert "stopped by user" in out["stop_isolation"]["stopped_stats"] and "stopped by user" in md
     stop = out["stop_after_sessions"]  # the run that outlived 6 other sessions could still be stopped
     assert stop["others_answered"] == 6 and stop["run_still_going_at_stop"] and "stopped by user" in stop["stats"], stop

@@ -246,23 +246,14 @@ def test_request_bodies_are_bounded_before_they_are_read(live):
 
 
 def test_a_dropped_api_client_stops_its_run(wb, live, tmp_path):
-    """A gradio_client process killed mid-run: its /generate ends at the next step, not after 900 tokens."""
+    """A gradio_client process killed mid-run: its /generate ends at the next step, not after 1,000 tokens."""
     import signal
-    import subprocess
-    import sys
+
+    from workbench.loadtest import start_dropped_client
 
     before = {r["id"] for r in wb.store.list_runs()}
-    # the client says "running" once its event stream has told it so: a client killed before its stream is open
-    # (it joins the queue first) leaves nothing for the server to notice, and on a busy machine the run can be
-    # three steps in by then
-    code = ("import sys, time\nfrom gradio_client import Client\nfrom gradio_client.utils import Status\n"
-            f"job = Client({live!r}, verbose=False).submit('import os\\n', 'demo_tuned', 'medusa', 'greedy', 0.7, 1.0, "
-            "None, 1000, api_name='/generate')\n"
-            "while job.status().code != Status.PROCESSING:\n    time.sleep(0.02)\n"
-            "print('running', flush=True)\ntime.sleep(600)\n")
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    p = start_dropped_client(live, 1000, tmp_path / "client.log")  # once its stream has heard that the run runs
     try:
-        assert p.stdout.readline().strip() == "running"
         wait_for(lambda: any(s.run is not None and len(s.run.traces) >= 3 for s in wb.sessions.running()),
                  "the client's run started")
         p.send_signal(signal.SIGKILL)

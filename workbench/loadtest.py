@@ -58,6 +58,12 @@ BAD_REQUESTS = [  # (prompt, tree, max_new_tokens, what the error must mention)
 ]
 
 
+def server_tmp(data_dir: Path) -> Path:
+    """Where start_server's app keeps its temporary files, Gradio's uploads and their parts included: what a
+    refused upload leaves is counted there, not in all of /tmp (which other processes write to)."""
+    return data_dir / "tmp"
+
+
 def start_server(data_dir: Path, timeout_s: float = 180) -> tuple[subprocess.Popen, str]:
     """`python app.py` on a free loopback port; returns once it answers."""
     import httpx
@@ -65,12 +71,12 @@ def start_server(data_dir: Path, timeout_s: float = 180) -> tuple[subprocess.Pop
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    tmp = data_dir / "tmp"  # the server's temporary files (Gradio's uploads too): counted there, not in all of /tmp
+    tmp = server_tmp(data_dir)
     tmp.mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(tmp), "GRADIO_TEMP_DIR": str(tmp / "gradio")}  # Gradio prefers the latter
     with open(data_dir / "server.log", "w") as log:  # the child keeps its own descriptor
         proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--device", "cpu", "--port", str(port),
-                                 "--data-dir", str(data_dir)], stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "TMPDIR": str(tmp)})
+                                 "--data-dir", str(data_dir)], stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + timeout_s
     while time.time() < deadline:
@@ -111,10 +117,12 @@ def file_access(data_dir: Path, url: str) -> dict:
         r = httpx.post(f"{url}gradio_api/upload", files={"files": ("t.json", b"[" + b" " * size + b"]")})
         out[name] = r.status_code
     many = [("files", (f"t{i}.json", b"[" + b" " * 1_000_000 + b"]")) for i in range(20)]
-    server_tmp = data_dir / "tmp"  # start_server's TMPDIR
-    before = sum(1 for _ in server_tmp.rglob("t*.json"))
+    def temp_files() -> int:  # every file: Gradio writes a part as tmpXXXXXXXX and renames only finished uploads
+        return sum(f.is_file() for f in server_tmp(data_dir).rglob("*"))
+
+    before = temp_files()
     out["20 files of 1 MB in one request"] = httpx.post(f"{url}gradio_api/upload", files=many, timeout=60).status_code
-    out["temp files kept by that request"] = sum(1 for _ in server_tmp.rglob("t*.json")) - before
+    out["temp files kept by that request"] = temp_files() - before
     return out
 
 
@@ -160,8 +168,10 @@ new MutationObserver(() => {
 
 
 def stop_isolation(url: str, chromium: str, tokens: int = 1000, other_tokens: int = 1000) -> dict:
-    """Two browser sessions decode at once, A `tokens` and B `other_tokens`; A presses Stop 1 s in. B must
-    finish and equal a solo run. (B's run need only outlast A's first second; A's must, to be stopped.)"""
+    """Two browser sessions ask for runs at once, A of `tokens` tokens and B of `other_tokens`; A presses Stop
+    1 s into its run. B's run, queued behind A's on the one engine or running when A stops, must not end with
+    it: B must finish, equal to a solo run. (A's run must outlast its first second to be stopped; B's length
+    does not matter, so long as B has not ended before A's Stop: `other_pending_at_stop`.)"""
     from gradio_client import Client
     from playwright.sync_api import sync_playwright
 
@@ -175,14 +185,16 @@ def stop_isolation(url: str, chromium: str, tokens: int = 1000, other_tokens: in
         b.get_by_role("button", name="Generate").click()
         a.wait_for_function("document.querySelector('#stats').innerText.includes('tokens,')", timeout=120_000)
         a.wait_for_timeout(1000)
+        b_at_stop = b.locator("#stats").inner_text()
         t0 = time.perf_counter()
         a.get_by_role("button", name="Stop").click(timeout=120_000)  # a loaded machine can take long to click
         a.wait_for_function("document.querySelector('#stats').innerText.includes('stopped by user')", timeout=120_000)
         stop_s = time.perf_counter() - t0
         b.wait_for_function("document.querySelector('#stats').innerText.includes('stopped:')", timeout=300_000)
         b_text = b.locator("#out-text").inner_text().strip()
-        out = {"stopped_stats": a.locator("#stats").inner_text(), "stop_click_to_page_s": round(stop_s, 3),
-               "other_stats": b.locator("#stats").inner_text(),
+        out = {"tokens": tokens, "other_tokens": other_tokens, "stopped_stats": a.locator("#stats").inner_text(),
+               "stop_click_to_page_s": round(stop_s, 3), "other_stats_at_stop": b_at_stop,
+               "other_pending_at_stop": "stopped" not in b_at_stop, "other_stats": b.locator("#stats").inner_text(),
                "other_complete_and_equal_to_solo": b_text == solo["text"].strip()}
         browser.close()
     return out
@@ -276,11 +288,30 @@ from gradio_client import Client
 from gradio_client.utils import Status
 job = Client(sys.argv[1], verbose=False).submit("import os\\n", "demo_tuned", "medusa", "greedy", 0.7, 1.0, None,
                                                 int(sys.argv[2]), api_name="/generate")
-while job.status().code != Status.PROCESSING:
-    time.sleep(0.05)
-print("running", flush=True)
+while job.status().code not in (Status.PROCESSING, Status.FINISHED) and not job.done():
+    time.sleep(0.02)
+print(job.status().code.name, flush=True)
 time.sleep(600)
 """
+
+
+def start_dropped_client(url: str, tokens: int, log: Path, timeout_s: float = 120) -> subprocess.Popen:
+    """A gradio_client process whose /generate of `tokens` tokens runs, once the client has heard so over its
+    event stream: a client gone after joining the queue but before opening that stream leaves the server
+    nothing to notice (docs/app.md). Raises, with the client's stderr (in `log`), if that is not heard within
+    `timeout_s` or the run ended first."""
+    import select
+
+    with open(log, "w") as err:  # the child keeps its own descriptor
+        p = subprocess.Popen([sys.executable, "-c", DROPPED_CLIENT, url, str(tokens)], stdout=subprocess.PIPE,
+                             stderr=err, text=True)
+    said = p.stdout.readline().strip() if select.select([p.stdout], [], [], timeout_s)[0] else ""
+    if said != "PROCESSING":
+        p.kill()
+        p.wait(30)
+        raise RuntimeError(f"the client's run was not heard running ({said or f'nothing in {timeout_s:g} s'}): "
+                           f"{log.read_text()[-500:]}")
+    return p
 
 
 def dropped_client(url: str, data_dir: Path, tokens: int = 900) -> dict:
@@ -288,9 +319,8 @@ def dropped_client(url: str, data_dir: Path, tokens: int = 900) -> dict:
     saved that run, and how much of it was decoded."""
     runs = data_dir / "runs"
     before = set(runs.iterdir())
-    p = subprocess.Popen([sys.executable, "-c", DROPPED_CLIENT, url, str(tokens)], stdout=subprocess.PIPE, text=True)
+    p = start_dropped_client(url, tokens, data_dir / "dropped_client.log")
     try:
-        assert p.stdout.readline().strip() == "running"
         time.sleep(1.0)
         p.kill()
         t0 = time.perf_counter()
@@ -520,9 +550,11 @@ def report(out: dict, command: str) -> str:
              f"{f['queue_full_messages']} 'queue is full' answers, {f['crashed']} crashes."]
     if "stop_isolation" in out:
         s = out["stop_isolation"]
-        lines.append(f"- Two browser sessions decoding 1,000 tokens at once, A presses Stop 1 s in: A shows "
-                     f"`{s['stopped_stats']}` {s['stop_click_to_page_s']} s after the click; B ends `{s['other_stats']}`, "
-                     f"complete and equal to a solo run: {s['other_complete_and_equal_to_solo']}.")
+        lines.append(f"- Two browser sessions ask for runs at once, A of {s.get('tokens', 1000):,} tokens and B of "
+                     f"{s.get('other_tokens', 1000):,}; A presses Stop 1 s into its run"
+                     + (f", when B shows `{s['other_stats_at_stop']}`" if "other_stats_at_stop" in s else "")
+                     + f": A shows `{s['stopped_stats']}` {s['stop_click_to_page_s']} s after the click; B ends "
+                     f"`{s['other_stats']}`, complete and equal to a solo run: {s['other_complete_and_equal_to_solo']}.")
     if "sequential" in out:
         q = out["sequential"]
         lines.append(f"- {q['requests']} sequential requests: {q['mismatches']} outputs differed from the "
