@@ -116,13 +116,19 @@ def file_access(data_dir: Path, url: str) -> dict:
     for name, size in (("upload 10 KB", 10_000), ("upload 2 MB", 2_000_000)):
         r = httpx.post(f"{url}gradio_api/upload", files={"files": ("t.json", b"[" + b" " * size + b"]")})
         out[name] = r.status_code
-    many = [("files", (f"t{i}.json", b"[" + b" " * 1_000_000 + b"]")) for i in range(20)]
-    def temp_files() -> int:  # every file: Gradio writes a part as tmpXXXXXXXX and renames only finished uploads
+    def temp_files() -> int:  # every file: Gradio writes each uploaded part to a tmpXXXXXXXX file of its own first
         return sum(f.is_file() for f in server_tmp(data_dir).rglob("*"))
 
+    def upload(sizes: list[int]) -> int:
+        files = [("files", (f"t{i}.json", b"[" + b" " * size + b"]")) for i, size in enumerate(sizes)]
+        return httpx.post(f"{url}gradio_api/upload", files=files, timeout=60).status_code
+
     before = temp_files()
-    out["20 files of 1 MB in one request"] = httpx.post(f"{url}gradio_api/upload", files=many, timeout=60).status_code
-    out["temp files kept by that request"] = temp_files() - before
+    # over the app's 2 MB request limit (BodyLimit): refused before Gradio reads any of it
+    out["20 files of 1 MB in one request"] = upload([1_000_000] * 20)
+    # within it, the second file over Gradio's 1 MB a file: refused by Gradio's parser, once it has written the first
+    out["a 1.2 MB file after a 0.6 MB one"] = upload([600_000, 1_200_000])
+    out["temp files kept by the refused uploads"] = temp_files() - before
     return out
 
 
@@ -288,8 +294,10 @@ from gradio_client import Client
 from gradio_client.utils import Status
 job = Client(sys.argv[1], verbose=False).submit("import os\\n", "demo_tuned", "medusa", "greedy", 0.7, 1.0, None,
                                                 int(sys.argv[2]), api_name="/generate")
-while job.status().code not in (Status.PROCESSING, Status.FINISHED) and not job.done():
+while job.status().code not in (Status.PROCESSING, Status.FINISHED):
     time.sleep(0.02)
+if job.status().code == Status.FINISHED:
+    print("ended before it was seen running:", repr(job.exception()), file=sys.stderr)
 print(job.status().code.name, flush=True)
 time.sleep(600)
 """
@@ -299,18 +307,24 @@ def start_dropped_client(url: str, tokens: int, log: Path, timeout_s: float = 12
     """A gradio_client process whose /generate of `tokens` tokens runs, once the client has heard so over its
     event stream: a client gone after joining the queue but before opening that stream leaves the server
     nothing to notice (docs/app.md). Raises, with the client's stderr (in `log`), if that is not heard within
-    `timeout_s` or the run ended first."""
+    `timeout_s`, the run ended first or the client exited."""
     import select
 
     with open(log, "w") as err:  # the child keeps its own descriptor
         p = subprocess.Popen([sys.executable, "-c", DROPPED_CLIENT, url, str(tokens)], stdout=subprocess.PIPE,
-                             stderr=err, text=True)
-    said = p.stdout.readline().strip() if select.select([p.stdout], [], [], timeout_s)[0] else ""
+                             stderr=err)
+    said, deadline = b"", time.monotonic() + timeout_s
+    while b"\n" not in said and (left := deadline - time.monotonic()) > 0:  # the deadline holds mid-line too
+        if not select.select([p.stdout], [], [], left)[0] or not (chunk := os.read(p.stdout.fileno(), 64)):
+            break
+        said += chunk
+    p.stdout.close()  # the client writes nothing more
+    said = said.decode(errors="replace").strip()
     if said != "PROCESSING":
         p.kill()
-        p.wait(30)
-        raise RuntimeError(f"the client's run was not heard running ({said or f'nothing in {timeout_s:g} s'}): "
-                           f"{log.read_text()[-500:]}")
+        rc = p.wait()
+        why = said or (f"it exited, rc {rc}" if rc != -9 else f"nothing in {timeout_s:g} s")
+        raise RuntimeError(f"the client's run was not heard running ({why}): {log.read_text()[-500:]}")
     return p
 
 
