@@ -113,16 +113,15 @@ def file_access(data_dir: Path, url: str) -> dict:
         "the app's own source": str(Path(__file__).resolve()),
     }
     out = {name: httpx.get(f"{url}gradio_api/file={path}").status_code for name, path in get.items()}
-    for name, size in (("upload 10 KB", 10_000), ("upload 2 MB", 2_000_000)):
-        r = httpx.post(f"{url}gradio_api/upload", files={"files": ("t.json", b"[" + b" " * size + b"]")})
-        out[name] = r.status_code
-    def temp_files() -> int:  # every file: Gradio writes each uploaded part to a tmpXXXXXXXX file of its own first
-        return sum(f.is_file() for f in server_tmp(data_dir).rglob("*"))
 
-    def upload(sizes: list[int]) -> int:
+    def upload(sizes: list[int]) -> int:  # one request of JSON files of these sizes
         files = [("files", (f"t{i}.json", b"[" + b" " * size + b"]")) for i, size in enumerate(sizes)]
         return httpx.post(f"{url}gradio_api/upload", files=files, timeout=60).status_code
 
+    def temp_files() -> int:  # every file: Gradio writes each uploaded part to a tmpXXXXXXXX file of its own first
+        return sum(f.is_file() for f in server_tmp(data_dir).rglob("*"))
+
+    out["upload 10 KB"], out["upload 2 MB"] = upload([10_000]), upload([2_000_000])
     before = temp_files()
     # over the app's 2 MB request limit (BodyLimit): refused before Gradio reads any of it
     out["20 files of 1 MB in one request"] = upload([1_000_000] * 20)
